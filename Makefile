@@ -1,0 +1,60 @@
+# Contract targets (DESIGN.md): setup run train export serve test loadtest bench lint clean
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+ARTIFACTS ?= artifacts
+WORDNET_DIR ?= /usr/share/wordnet
+export WORDNET_DIR
+STAMP := $(VENV)/.installed
+PROTO := protos/embedding/v1/embedding.proto
+PROTO_OUT := embedding/v1/embedding_pb2.py
+
+.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench
+
+setup: system-packages venv protos
+
+system-packages:
+	@bash scripts/system-packages.sh
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11 is required"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[train,dev]'
+	@touch $@
+
+protos: $(PROTO_OUT)
+$(PROTO_OUT): $(PROTO) $(STAMP)
+	$(PY) -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+	@touch embedding/__init__.py embedding/v1/__init__.py
+
+$(ARTIFACTS)/checkpoint.pt:
+	$(MAKE) train
+
+$(ARTIFACTS)/model.onnx: $(ARTIFACTS)/checkpoint.pt
+	$(MAKE) export
+
+train: setup
+	$(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR)
+
+export: setup
+	$(PY) -m export --model-dir $(ARTIFACTS)
+
+run: setup $(ARTIFACTS)/model.onnx
+	$(PY) -m server --model-dir $(ARTIFACTS)
+
+serve: setup
+	$(PY) -m server --model-dir $(ARTIFACTS)
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy model export server
+
+clean:
+	rm -rf $(ARTIFACTS) reports embedding .pytest_cache .mypy_cache .ruff_cache .hypothesis

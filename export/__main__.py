@@ -1,0 +1,28 @@
+"""``make export``: checkpoint -> model.onnx, model.torchscript.pt, tokenizer.json, manifest.json.
+
+    python -m export [--model-dir artifacts]
+
+Runs the parity report (export/verify.py) and fails when any bar is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from export.artifacts import export_all
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", default="artifacts", help="holds checkpoint.pt and tokenizer.json")
+    args = parser.parse_args(argv)
+    manifest, report = export_all(args.model_dir)
+    print(report.table())
+    print(f"wrote {', '.join(manifest['files'])} to {args.model_dir}")
+    if not report.passes():
+        raise SystemExit("parity check failed: see the table above")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Writes every serving artifact of a checkpoint and the manifest that describes them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
+from export.torchscript import export_torchscript
+from export.verify import ParityReport, verify_artifacts
+from model.tokenizer import load_tokenizer
+from model.train import CHECKPOINT, load_checkpoint
+
+ONNX_FILE = "model.onnx"
+TORCHSCRIPT_FILE = "model.torchscript.pt"
+TOKENIZER_FILE = "tokenizer.json"
+MANIFEST_FILE = "manifest.json"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
+    model_dir = Path(model_dir)
+    model, summary = load_checkpoint(model_dir / CHECKPOINT)
+    tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
+    padding = tokenizer.padding or {}
+    truncation = tokenizer.truncation or {}
+    assert padding.get("pad_id") == model.config.pad_id, "tokenizer pad id differs from the model's"
+    assert truncation.get("max_length") == model.config.max_len, "tokenizer max length differs from the model's"
+
+    export_torchscript(model, model_dir / TORCHSCRIPT_FILE)
+    export_onnx(model, model_dir / ONNX_FILE)
+    report = verify_artifacts(model_dir)
+
+    files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE]
+    checkpoint_sha = sha256(model_dir / CHECKPOINT)
+    manifest: dict[str, object] = {
+        "model_id": "wordnet-encoder",
+        "model_version": checkpoint_sha[:12],  # changes whenever the weights do
+        "config": model.config.to_dict(),
+        "dim": model.config.d_model,
+        "max_length": model.config.max_len,
+        "vocab_size": model.config.vocab_size,
+        "pad_id": model.config.pad_id,
+        "opset": onnx_opset(model_dir / ONNX_FILE),
+        "inputs": list(INPUT_NAMES),
+        "output": OUTPUT_NAME,
+        "normalized": False,
+        "files": {name: {"sha256": sha256(model_dir / name)} for name in files},
+        "training": summary,
+        "parity": report.to_dict(),
+    }
+    (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest, report

@@ -1,0 +1,204 @@
+"""Parity report: eager PyTorch vs TorchScript vs ONNX Runtime on fresh random padded batches.
+
+Bars (every row, every pair of the three backends): max absolute difference <= 1e-5 and cosine
+similarity >= 0.99999. Also: a row computed alone equals the same row inside a padded batch
+(eager and ONNX Runtime), and no output is NaN or infinite.
+
+    python -m export.verify [--model-dir artifacts]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+MAX_ABS_BAR = 1e-5
+COSINE_BAR = 0.99999
+BATCH_SIZES = (1, 3, 16, 64)
+SEQUENCE_LENGTHS = (1, 2, 17, 128)  # plus the model's max length
+ROWS_ALONE_PER_CASE = 8  # rows re-run one by one per case; all of them for batches up to this size
+
+Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass
+class PairFigures:
+    max_abs: float = 0.0
+    min_cosine: float = 1.0
+
+    def update(self, a: np.ndarray, b: np.ndarray) -> None:
+        self.max_abs = max(self.max_abs, float(np.abs(a - b).max()))
+        self.min_cosine = min(self.min_cosine, float(row_cosines(a, b).min()))
+
+    def passes(self) -> bool:
+        return self.max_abs <= MAX_ABS_BAR and self.min_cosine >= COSINE_BAR
+
+
+@dataclass
+class ParityReport:
+    cases: list[dict[str, object]] = field(default_factory=list)
+    pairs: dict[str, PairFigures] = field(default_factory=dict)
+    row_alone_max_abs: dict[str, float] = field(default_factory=dict)
+    non_finite: int = 0
+
+    def passes(self) -> bool:
+        return (
+            all(p.passes() for p in self.pairs.values())
+            and all(v <= MAX_ABS_BAR for v in self.row_alone_max_abs.values())
+            and self.non_finite == 0
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bars": {"max_abs": MAX_ABS_BAR, "min_cosine": COSINE_BAR},
+            "passed": self.passes(),
+            "pairs": {k: asdict(v) for k, v in self.pairs.items()},
+            "row_alone_max_abs": self.row_alone_max_abs,
+            "non_finite_outputs": self.non_finite,
+            "cases": self.cases,
+        }
+
+    def table(self) -> str:
+        lines = ["| batch | seq | pair | max abs diff | min cosine |", "|---:|---:|---|---:|---:|"]
+        for c in self.cases:
+            lines.append(
+                f"| {c['batch']} | {c['sequence']} | {c['pair']} | {c['max_abs']:.2e} | {c['min_cosine']:.7f} |"
+            )
+        lines.append("")
+        lines.append("| pair (worst over all cases) | max abs diff | min cosine | pass |")
+        lines.append("|---|---:|---:|---|")
+        for name, p in self.pairs.items():
+            lines.append(f"| {name} | {p.max_abs:.2e} | {p.min_cosine:.7f} | {'yes' if p.passes() else 'NO'} |")
+        for name, v in self.row_alone_max_abs.items():
+            lines.append(f"| row alone vs in batch ({name}) | {v:.2e} | | {'yes' if v <= MAX_ABS_BAR else 'NO'} |")
+        lines.append(f"\nnon-finite outputs: {self.non_finite}; overall: {'PASS' if self.passes() else 'FAIL'}")
+        return "\n".join(lines)
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    num = (a * b).sum(axis=1)
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return num / np.maximum(den, 1e-12)
+
+
+def random_batch(
+    rng: np.random.Generator, batch: int, sequence: int, vocab_size: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row gets its own random length in [1, sequence], the first row the full length, padding after."""
+    lengths = rng.integers(1, sequence + 1, size=batch)
+    lengths[0] = sequence
+    ids = rng.integers(0, vocab_size - 1, size=(batch, sequence), dtype=np.int64)
+    ids = np.where(ids >= pad_id, ids + 1, ids)  # never the pad id in a real position
+    mask = (np.arange(sequence)[None, :] < lengths[:, None]).astype(np.int64)
+    return np.where(mask == 1, ids, pad_id).astype(np.int64), mask
+
+
+def torch_backend(module: torch.nn.Module | torch.jit.ScriptModule) -> Backend:
+    def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+    return run
+
+
+def onnx_backend(path: Path | str) -> Backend:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
+
+    return run
+
+
+def verify(
+    backends: dict[str, Backend],
+    vocab_size: int,
+    pad_id: int,
+    max_len: int,
+    seed: int = 1234,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    sequence_lengths: Sequence[int] = SEQUENCE_LENGTHS,
+) -> ParityReport:
+    rng = np.random.default_rng(seed)
+    report = ParityReport()
+    names = list(backends)
+    pair_names = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    for a, b in pair_names:
+        report.pairs[f"{a} vs {b}"] = PairFigures()
+    lengths = sorted({min(s, max_len) for s in (*sequence_lengths, max_len)})
+    for batch in batch_sizes:
+        for sequence in lengths:
+            ids, mask = random_batch(rng, batch, sequence, vocab_size, pad_id)
+            outputs = {name: fn(ids, mask) for name, fn in backends.items()}
+            report.non_finite += sum(int((~np.isfinite(o)).sum()) for o in outputs.values())
+            for a, b in pair_names:
+                case = PairFigures()
+                case.update(outputs[a], outputs[b])
+                report.pairs[f"{a} vs {b}"].update(outputs[a], outputs[b])
+                report.cases.append(
+                    {"batch": batch, "sequence": sequence, "pair": f"{a} vs {b}", **asdict(case)}
+                )
+            for name in ("eager", "onnx"):
+                if name in backends:
+                    worst = row_alone_max_abs(backends[name], ids, mask, outputs[name], rng)
+                    report.row_alone_max_abs[name] = max(report.row_alone_max_abs.get(name, 0.0), worst)
+    # A batch where one row has a single real token beside a full-length row: no NaN from masking.
+    ids, mask = random_batch(rng, 2, max_len, vocab_size, pad_id)
+    mask[1, 1:] = 0
+    ids[1, 1:] = pad_id
+    for fn in backends.values():
+        report.non_finite += int((~np.isfinite(fn(ids, mask))).sum())
+    return report
+
+
+def row_alone_max_abs(
+    fn: Backend, ids: np.ndarray, mask: np.ndarray, batched: np.ndarray, rng: np.random.Generator
+) -> float:
+    rows = np.arange(len(ids))
+    if len(rows) > ROWS_ALONE_PER_CASE:
+        rows = rng.choice(rows, size=ROWS_ALONE_PER_CASE, replace=False)
+    worst = 0.0
+    for r in rows:
+        length = int(mask[r].sum())
+        alone = fn(ids[r : r + 1, :length], mask[r : r + 1, :length])
+        worst = max(worst, float(np.abs(alone[0] - batched[r]).max()))
+    return worst
+
+
+def verify_artifacts(model_dir: Path | str) -> ParityReport:
+    from export.torchscript import load_torchscript
+    from model.train import load_checkpoint
+
+    model_dir = Path(model_dir)
+    model, _ = load_checkpoint(model_dir / "checkpoint.pt")
+    backends = {
+        "eager": torch_backend(model),
+        "torchscript": torch_backend(load_torchscript(model_dir / "model.torchscript.pt")),
+        "onnx": onnx_backend(model_dir / "model.onnx"),
+    }
+    config = model.config
+    return verify(backends, config.vocab_size, config.pad_id, config.max_len)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", default="artifacts")
+    args = parser.parse_args(argv)
+    report = verify_artifacts(args.model_dir)
+    print(report.table())
+    print(json.dumps({"passed": report.passes()}))
+    if not report.passes():
+        raise SystemExit("parity check failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Training and loading the Hugging Face ``tokenizers`` WordPiece tokenizer the model reads.
+
+Every encoding is ``[CLS] text [SEP]``, so even a text with no known characters has real tokens and
+mean pooling never divides by zero. Padding and truncation are configured in ``tokenizer.json`` for
+the model's maximum length, so the server gets the model's limits from the artifact alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP]  # PAD first: pad id 0 matches EncoderConfig.pad_id
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, max_len: int) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        special_tokens=[(CLS, tokenizer.token_to_id(CLS)), (SEP, tokenizer.token_to_id(SEP))],
+    )
+    configure(tokenizer, max_len)
+    return tokenizer
+
+
+def configure(tokenizer: Tokenizer, max_len: int) -> Tokenizer:
+    """Pad to the longest row of a batch with [PAD] and truncate to the model's max length."""
+    tokenizer.enable_padding(pad_id=pad_id(tokenizer), pad_token=PAD)
+    tokenizer.enable_truncation(max_length=max_len)
+    return tokenizer
+
+
+def pad_id(tokenizer: Tokenizer) -> int:
+    token_id = tokenizer.token_to_id(PAD)
+    assert token_id is not None, "tokenizer has no [PAD] token"
+    return token_id
+
+
+def save_tokenizer(tokenizer: Tokenizer, path: Path | str) -> None:
+    tokenizer.save(str(path))
+
+
+def load_tokenizer(path: Path | str) -> Tokenizer:
+    return Tokenizer.from_file(str(path))

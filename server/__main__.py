@@ -1,0 +1,3 @@
+from server.app import main
+
+main()

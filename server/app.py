@@ -1,0 +1,201 @@
+"""Server assembly and life cycle: gRPC server, health, reflection, metrics, model loading, drain.
+
+``create_server(config)`` starts everything and returns ``(server, port)``; ``main()`` adds signal
+handling. Health is NOT_SERVING until the model is loaded and warmed up, and again while draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from server.batcher import Batcher, BatchPolicy
+from server.config import ServerConfig, parse_config
+from server.metrics import Metrics
+from server.pipeline import Limits, Pipeline
+from server.runtime import OnnxRuntime, RuntimeOptions
+from server.service import SERVICE_NAME, EmbedderService, ModelInfo, ServingState
+from server.tokenize import TextTokenizer
+
+log = logging.getLogger("server")
+VERSION = "0.1.0"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class LoadedModel:
+    runtime: OnnxRuntime
+    tokenizer: TextTokenizer
+    info: ModelInfo
+
+
+def load_model(config: ServerConfig) -> LoadedModel:
+    """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
+    model_dir = Path(config.model_dir)
+    manifest_path = model_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} not found: run `make export` or point --model-dir at the artifacts")
+    manifest = json.loads(manifest_path.read_text())
+    tokenizer = TextTokenizer(model_dir / "tokenizer.json")
+    options = RuntimeOptions(config.provider, config.precision, config.intra_op_threads)
+    runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
+    runtime.warm_up(tokenizer.max_length)
+    info = ModelInfo(
+        model_id=str(manifest["model_id"]),
+        model_version=str(manifest["model_version"]),
+        dim=runtime.dim,
+        max_input_length=tokenizer.max_length,
+        execution_provider=runtime.provider,
+        precision=runtime.precision,
+        version=VERSION,
+    )
+    return LoadedModel(runtime, tokenizer, info)
+
+
+class EmbeddingServer:
+    """One serving process: owns the gRPC server, the batcher and the metrics endpoint."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.state = ServingState()
+        self.health = health.aio.HealthServicer()
+        self.batcher: Batcher | None = None
+        self.loaded: LoadedModel | None = None
+        self.port = 0
+        self.metrics_port = 0
+        self._metrics_http: object | None = None
+        self.grpc_server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+            ]
+        )
+        batching = embedding_pb2.InfoResponse(
+            max_batch_tokens=config.max_batch_tokens,
+            max_batch_size=config.max_batch_size,
+            max_client_batch_size=config.max_client_batch_size,
+            max_queue_tokens=config.max_queue_tokens,
+            max_delay_seconds=config.max_delay_seconds,
+        )
+        self.service = EmbedderService(self.state, self.metrics, batching)
+        embedding_pb2_grpc.add_EmbedderServicer_to_server(self.service, self.grpc_server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server)
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def start(self) -> int:
+        await self._set_health(NOT_SERVING)
+        self.port = self.grpc_server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        await self.grpc_server.start()
+        if self.config.metrics_port >= 0:
+            self._metrics_http, self.metrics_port = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        log.info("gRPC on %s:%d, metrics on %s:%d; loading model", self.config.host, self.port,
+                 self.config.metrics_host, self.metrics_port)
+        return self.port
+
+    async def load(self) -> None:
+        """Load and warm up the model off the event loop (health checks answer meanwhile), then serve."""
+        loaded = await asyncio.to_thread(load_model, self.config)
+        policy = BatchPolicy(
+            max_batch_tokens=self.config.max_batch_tokens,
+            max_batch_size=self.config.max_batch_size,
+            max_queue_tokens=self.config.max_queue_tokens,
+            max_delay=self.config.max_delay_seconds,
+        )
+        self.batcher = Batcher(loaded.runtime.run_rows, policy, observer=self.metrics)
+        self.batcher.start()
+        limits = Limits(self.config.max_client_batch_size, self.config.max_input_chars)
+        self.loaded = loaded
+        self.metrics.model_info.info(
+            {
+                "model_id": loaded.info.model_id,
+                "model_version": loaded.info.model_version,
+                "dim": str(loaded.info.dim),
+                "max_length": str(loaded.info.max_input_length),
+                "provider": loaded.info.execution_provider,
+                "precision": loaded.info.precision,
+            }
+        )
+        self.state.info = loaded.info
+        self.state.pipeline = Pipeline(
+            loaded.tokenizer, self.batcher, limits, self.metrics, self.config.tokenizer_threads
+        )
+        await self._set_health(SERVING)
+        log.info(
+            "serving %s (%s) on %s, precision %s, dim %d, max length %d",
+            loaded.info.model_id,
+            loaded.info.model_version,
+            loaded.info.execution_provider,
+            loaded.info.precision,
+            loaded.info.dim,
+            loaded.info.max_input_length,
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, refuse new RPCs, answer every admitted request within the grace period."""
+        grace = self.config.grace_seconds if grace is None else grace
+        log.info("draining (grace %.1f s)", grace)
+        self.state.draining = True
+        await self.health.enter_graceful_shutdown()
+        # In-flight RPCs finish (the batcher keeps running) while new ones are refused.
+        await self.grpc_server.stop(grace)
+        if self.batcher is not None:
+            await self.batcher.drain(timeout=1.0)
+            await self.batcher.close()
+        if self.state.pipeline is not None:
+            self.state.pipeline.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()  # type: ignore[attr-defined]
+        log.info("stopped")
+
+
+async def create_server(config: ServerConfig, load: bool = True) -> tuple[EmbeddingServer, int]:
+    """Start serving on config.port (0 picks a free port) and return the server and the bound port."""
+    server = EmbeddingServer(config)
+    port = await server.start()
+    if load:
+        await server.load()
+    return server, port
+
+
+async def serve(config: ServerConfig) -> None:
+    server = EmbeddingServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loader = asyncio.create_task(server.load())
+    done, _ = await asyncio.wait({loader, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if loader in done and loader.exception() is not None:
+        await server.stop(0)
+        raise loader.exception()  # type: ignore[misc]
+    await stop.wait()
+    loader.cancel()
+    await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_config(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(config))
+    except FileNotFoundError as e:
+        log.error("%s", e)
+        sys.exit(2)

@@ -1,0 +1,327 @@
+"""Token-budget dynamic batching with length sorting, admission control and deadlines.
+
+Knows nothing of gRPC: requests are lists of token id rows, answers are numpy arrays or domain
+errors. Policy (see docs/architecture.md):
+
+* every input of every request is one queue item; a request's items are reassembled in order;
+* a batch holds at most ``max_batch_size`` items and at most ``max_batch_tokens`` padded tokens
+  (items x longest item, as TEI counts for padded backends);
+* the oldest waiting item is always in the next batch (no starvation); around it, the batch is
+  filled from the oldest ``sort_window`` items in length order, taking whichever neighbour adds
+  the least padding;
+* when the backend is idle, a batch leaves at once (or after ``max_delay`` counted from the arrival
+  of its oldest item); while a batch runs, the next one fills;
+* admission: a request whose tokens would push the queue past ``max_queue_tokens`` is refused whole
+  and at once; nothing of it is queued;
+* items of a request that was cancelled, failed or is past its deadline are dropped before inference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[Sequence[np.ndarray]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 128
+    max_queue_tokens: int = 65536
+    max_delay: float = 0.0  # seconds
+    sort_window: int = 512  # items, oldest first, considered when forming a batch
+
+    def __post_init__(self) -> None:
+        assert self.max_batch_tokens >= 1 and self.max_batch_size >= 1 and self.max_queue_tokens >= 1
+        assert self.sort_window >= 1 and self.max_delay >= 0
+
+
+class BatchObserver:
+    """Hooks for metrics; the defaults do nothing. Called on the event loop thread."""
+
+    def admitted(self, items: int, tokens: int) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+    def dropped(self, reason: str, items: int) -> None: ...
+
+    def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None: ...
+
+    def batch_finished(self, seconds: float, ok: bool) -> None: ...
+
+    def queue_changed(self, items: int, tokens: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    embeddings: np.ndarray  # (n, dim) float32, input order, not normalised
+    queue_seconds: float  # admission -> start of the last batch holding one of its items
+    inference_seconds: float  # summed inference time of the batches holding its items
+
+
+@dataclass(eq=False)
+class _Request:
+    n: int
+    deadline: float | None
+    admitted_at: float
+    future: asyncio.Future[EmbedResult]
+    results: np.ndarray | None = None
+    remaining: int = 0
+    queue_seconds: float = 0.0
+    inference_seconds: float = 0.0
+    batches: set[int] = field(default_factory=set)
+    expired: bool = False
+
+
+@dataclass(eq=False)
+class _Item:
+    request: _Request
+    index: int
+    row: np.ndarray
+    enqueued_at: float
+
+    @property
+    def length(self) -> int:
+        return len(self.row)
+
+
+class Batcher:
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        policy: BatchPolicy,
+        observer: BatchObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._run_batch = run_batch
+        self.policy = policy
+        self._observer = observer or BatchObserver()
+        self._clock = clock
+        self._queue: list[_Item] = []
+        self._queued_tokens = 0
+        self._in_flight = 0  # items inside the running batch
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._batch_counter = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- public API -------------------------------------------------------------------------
+    @property
+    def queued_items(self) -> int:
+        return len(self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    @property
+    def in_flight_items(self) -> int:
+        return self._in_flight
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
+
+    async def submit(self, rows: Sequence[np.ndarray], deadline: float | None = None) -> EmbedResult:
+        """Queue one request's token rows and wait for their embeddings, in order.
+
+        ``deadline`` is on this batcher's clock (``time.monotonic`` by default). Raises NotReady while
+        draining, Overloaded when the queue is full, DeadlineExceeded, InferenceFailed.
+        """
+        if self._closing:
+            self._observer.rejected("draining")
+            raise NotReady("the server is shutting down; retry on another replica")
+        if not rows:
+            raise InvalidInput("no inputs")
+        tokens = sum(len(r) for r in rows)
+        if tokens > self.policy.max_queue_tokens:
+            self._observer.rejected("invalid")
+            raise InvalidInput(
+                f"the request has {tokens} tokens, more than the server queues at once "
+                f"({self.policy.max_queue_tokens}); split it"
+            )
+        if self._queued_tokens + tokens > self.policy.max_queue_tokens:
+            self._observer.rejected("overloaded")
+            raise Overloaded(
+                f"queue full ({self._queued_tokens} of {self.policy.max_queue_tokens} tokens waiting); retry later"
+            )
+        now = self._clock()
+        request = _Request(
+            n=len(rows),
+            deadline=deadline,
+            admitted_at=now,
+            future=asyncio.get_running_loop().create_future(),
+            remaining=len(rows),
+        )
+        self._queue.extend(_Item(request, i, row, now) for i, row in enumerate(rows))
+        self._queued_tokens += tokens
+        self._idle.clear()
+        self._observer.admitted(len(rows), tokens)
+        self._observer.queue_changed(len(self._queue), self._queued_tokens)
+        self._wakeup.set()
+        # If the caller is cancelled, awaiting cancels the future too: its items are then dropped.
+        return await request.future
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Refuse new work, then wait until every admitted item is answered. True if it finished."""
+        self._closing = True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for item in self._queue:
+            if not item.request.future.done():
+                item.request.future.set_exception(NotReady("the server stopped before this request ran"))
+        self._queue.clear()
+        self._executor.shutdown(wait=True)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            await self._wait_for_fill()
+            batch = self._take_batch()
+            if batch:
+                await self._run(batch)
+
+    async def _wait_for_fill(self) -> None:
+        """At low load, let a batch fill for up to max_delay after its oldest item arrived."""
+        if self.policy.max_delay <= 0:
+            return
+        while self._queue and len(self._queue) < self.policy.max_batch_size:
+            remaining = self._queue[0].enqueued_at + self.policy.max_delay - self._clock()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _drop_dead(self) -> None:
+        """Remove items whose request is finished (cancelled, failed) or past its deadline."""
+        now = self._clock()
+        alive: list[_Item] = []
+        dropped: dict[str, int] = {}
+        for item in self._queue:
+            request = item.request
+            if not request.future.done() and request.deadline is not None and now >= request.deadline:
+                request.expired = True
+                request.future.set_exception(DeadlineExceeded("the deadline passed while the request was queued"))
+            if request.future.done():
+                reason = "cancelled" if request.future.cancelled() else "deadline" if request.expired else "failed"
+                dropped[reason] = dropped.get(reason, 0) + 1
+                self._queued_tokens -= item.length
+            else:
+                alive.append(item)
+        if dropped:
+            self._queue = alive
+            for reason, count in dropped.items():
+                self._observer.dropped(reason, count)
+
+    def _take_batch(self) -> list[_Item]:
+        self._drop_dead()
+        if not self._queue:
+            return []
+        window = self._queue[: self.policy.sort_window]
+        by_length = sorted(range(len(window)), key=lambda i: (window[i].length, i))
+        oldest = by_length.index(0)
+        lo = hi = oldest
+        longest = window[0].length
+        count = 1
+        limit_items, limit_tokens = self.policy.max_batch_size, self.policy.max_batch_tokens
+        while count < limit_items:
+            left = window[by_length[lo - 1]].length if lo > 0 else None
+            right = window[by_length[hi + 1]].length if hi + 1 < len(by_length) else None
+            # Padding each choice adds: a shorter item pads itself, a longer one pads all the others.
+            left_waste = longest - left if left is not None and (count + 1) * longest <= limit_tokens else None
+            right_waste = (
+                (right - longest) * count if right is not None and (count + 1) * right <= limit_tokens else None
+            )
+            if left_waste is None and right_waste is None:
+                break
+            if right_waste is None or (left_waste is not None and left_waste <= right_waste):
+                lo -= 1
+            else:
+                hi += 1
+                longest = max(longest, window[by_length[hi]].length)
+            count += 1
+        chosen = {by_length[i] for i in range(lo, hi + 1)}
+        batch = [window[i] for i in sorted(chosen)]
+        self._queue = [item for i, item in enumerate(window) if i not in chosen] + self._queue[len(window) :]
+        self._queued_tokens -= sum(item.length for item in batch)
+        return batch
+
+    async def _run(self, batch: list[_Item]) -> None:
+        self._batch_counter += 1
+        batch_id = self._batch_counter
+        started = self._clock()
+        rows = [item.row for item in batch]
+        real_tokens = sum(len(r) for r in rows)
+        padded_tokens = len(rows) * max(len(r) for r in rows)
+        self._in_flight = len(batch)
+        self._observer.queue_changed(len(self._queue), self._queued_tokens)
+        self._observer.batch_started(len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch])
+        loop = asyncio.get_running_loop()
+        try:
+            output = await loop.run_in_executor(self._executor, self._run_batch, rows)
+            if output.shape[0] != len(batch):
+                raise RuntimeError(f"backend returned {output.shape[0]} rows for {len(batch)}")
+        except Exception as e:  # one bad batch must not take the server down
+            log.exception("inference failed for a batch of %d items", len(batch))
+            self._observer.batch_finished(self._clock() - started, ok=False)
+            for item in batch:
+                if not item.request.future.done():
+                    item.request.future.set_exception(
+                        InferenceFailed(f"inference failed for this batch ({type(e).__name__})")
+                    )
+            return
+        finally:
+            self._in_flight = 0
+        seconds = self._clock() - started
+        self._observer.batch_finished(seconds, ok=True)
+        for row, item in zip(output, batch, strict=True):
+            request = item.request
+            if request.future.done():
+                continue
+            if request.results is None:
+                request.results = np.empty((request.n, output.shape[1]), dtype=np.float32)
+            request.results[item.index] = row
+            request.remaining -= 1
+            request.queue_seconds = max(request.queue_seconds, started - request.admitted_at)
+            if batch_id not in request.batches:
+                request.batches.add(batch_id)
+                request.inference_seconds += seconds
+            if request.remaining == 0:
+                request.future.set_result(
+                    EmbedResult(request.results, request.queue_seconds, request.inference_seconds)
+                )

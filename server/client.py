@@ -1,0 +1,143 @@
+"""A small typed client for the embedding service (sync and asyncio) and a CLI.
+
+    python -m server.client embed "some text" "more text"   # prints JSON
+    python -m server.client info
+    python -m server.client health
+    python -m server.client --target host:50051 embed --no-normalize --truncate "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+
+DEFAULT_TARGET = "localhost:50051"
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    embeddings: list[list[float]]
+    token_counts: list[int]
+    truncated_inputs: list[int]
+    timings: dict[str, float]
+
+
+def make_request(texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> embedding_pb2.EmbedRequest:
+    return embedding_pb2.EmbedRequest(inputs=list(texts), truncate=truncate, normalize=normalize)
+
+
+def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
+    t = response.timings
+    return EmbedResult(
+        embeddings=[list(e.values) for e in response.embeddings],
+        token_counts=list(response.token_counts),
+        truncated_inputs=list(response.truncated_inputs),
+        timings={
+            "tokenization_seconds": t.tokenization_seconds,
+            "queue_seconds": t.queue_seconds,
+            "inference_seconds": t.inference_seconds,
+            "total_seconds": t.total_seconds,
+        },
+    )
+
+
+def info_dict(response: embedding_pb2.InfoResponse) -> dict[str, object]:
+    return {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
+
+
+class EmbeddingClient:
+    """Blocking client. Errors surface as grpc.RpcError with the server's status code and message."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 30.0) -> None:
+        self.channel = grpc.insecure_channel(target)
+        self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout = timeout
+
+    def embed(self, texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> EmbedResult:
+        return from_response(self.stub.Embed(make_request(texts, truncate, normalize), timeout=self.timeout))
+
+    def info(self) -> dict[str, object]:
+        return info_dict(self.stub.Info(embedding_pb2.InfoRequest(), timeout=self.timeout))
+
+    def health(self, service: str = "") -> str:
+        response = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> EmbeddingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncEmbeddingClient:
+    """asyncio client on grpc.aio."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 30.0) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout = timeout
+
+    async def embed(self, texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> EmbedResult:
+        return from_response(await self.stub.Embed(make_request(texts, truncate, normalize), timeout=self.timeout))
+
+    async def info(self) -> dict[str, object]:
+        return info_dict(await self.stub.Info(embedding_pb2.InfoRequest(), timeout=self.timeout))
+
+    async def health(self, service: str = "") -> str:
+        response = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncEmbeddingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m server.client", description="Call the embedding service.")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"host:port (default {DEFAULT_TARGET})")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
+    commands = parser.add_subparsers(dest="command", required=True)
+    embed = commands.add_parser("embed", help="embed texts and print JSON")
+    embed.add_argument("texts", nargs="+")
+    embed.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's limit")
+    embed.add_argument("--no-normalize", action="store_true", help="return raw, not L2-normalised, vectors")
+    commands.add_parser("info", help="print the model and serving limits")
+    health = commands.add_parser("health", help="print the health status")
+    health.add_argument("--service", default="", help="service name; empty = the whole server")
+    args = parser.parse_args(argv)
+    try:
+        with EmbeddingClient(args.target, args.timeout) as client:
+            if args.command == "embed":
+                out: object = asdict(client.embed(args.texts, args.truncate, not args.no_normalize))
+            elif args.command == "info":
+                out = client.info()
+            else:
+                out = {"status": client.health(args.service)}
+    except grpc.RpcError as e:
+        print(json.dumps({"code": e.code().name, "message": e.details()}), file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

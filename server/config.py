@@ -1,0 +1,76 @@
+"""Server configuration: one frozen dataclass, from CLI flags with EMBED_* environment defaults.
+
+Every field ``some_name`` has the flag ``--some-name`` and the variable ``EMBED_SOME_NAME``; a flag
+beats a variable, a variable beats the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "0.0.0.0"  # gRPC bind address
+    port: int = 50051  # gRPC port; 0 picks a free one (tests)
+    metrics_host: str = "0.0.0.0"  # bind address of the Prometheus /metrics endpoint
+    metrics_port: int = 9464  # 0 picks a free one; -1 turns the endpoint off
+    model_dir: str = "artifacts"  # folder with model.onnx, tokenizer.json and manifest.json
+    provider: str = "auto"  # auto (CUDA when it really loads, else CPU) | cpu | cuda
+    precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
+    max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item
+    max_batch_size: int = 128  # items per batch
+    max_delay_ms: float = 0.0  # how long a batch may wait to fill while the backend is idle
+    max_queue_tokens: int = 65536  # queued real tokens beyond which requests are refused (RESOURCE_EXHAUSTED)
+    max_client_batch_size: int = 64  # inputs per request
+    max_input_chars: int = 20000  # characters per input, checked before tokenization
+    max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
+    grace_seconds: float = 10.0  # on SIGTERM/SIGINT: time given to admitted requests before exit
+    intra_op_threads: int = 0  # ONNX Runtime threads per inference; 0 = one per physical core
+    tokenizer_threads: int = 2  # threads tokenizing off the event loop
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.provider not in ("auto", "cpu", "cuda"):
+            problems.append(f"provider must be auto, cpu or cuda, not {self.provider!r}")
+        if self.precision not in ("fp32", "int8", "fp16"):
+            problems.append(f"precision must be fp32, int8 or fp16, not {self.precision!r}")
+        for name in ("max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_client_batch_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        if self.max_delay_ms < 0 or self.grace_seconds < 0:
+            problems.append("max_delay_ms and grace_seconds must not be negative")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def max_delay_seconds(self) -> float:
+        return self.max_delay_ms / 1000.0
+
+
+def env_name(field_name: str) -> str:
+    return "EMBED_" + field_name.upper()
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC.")
+    for f in fields(ServerConfig):
+        kind = type(f.default)
+        default = kind(environ[env_name(f.name)]) if env_name(f.name) in environ else f.default
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=kind,
+            default=default,
+            help=f"(env {env_name(f.name)}; default {f.default})",
+        )
+    args = parser.parse_args(argv)
+    try:
+        return ServerConfig(**vars(args))
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits

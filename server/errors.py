@@ -1,0 +1,31 @@
+"""Domain errors of the serving core. Only server/service.py turns them into gRPC status codes."""
+
+from __future__ import annotations
+
+
+class EmbedError(Exception):
+    """Base class: the message is safe to show to the client."""
+
+
+class InvalidInput(EmbedError):
+    """The request can never succeed as sent (empty, too many inputs, too long...)."""
+
+
+class Overloaded(EmbedError):
+    """Admission control refused the request; retrying later may succeed."""
+
+
+class NotReady(EmbedError):
+    """The model is not loaded yet, or the server is draining."""
+
+
+class DeadlineExceeded(EmbedError):
+    """The client's deadline passed before the request's inputs were computed."""
+
+
+class Cancelled(EmbedError):
+    """The client went away; nothing more is computed for it."""
+
+
+class InferenceFailed(EmbedError):
+    """A batch failed in the backend; only that batch's requests see this."""

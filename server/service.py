@@ -1,0 +1,194 @@
+"""The gRPC servicer: the only module that knows protobuf, and the one table of error -> status code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from server.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    EmbedError,
+    InferenceFailed,
+    InvalidInput,
+    NotReady,
+    Overloaded,
+)
+from server.metrics import Metrics
+from server.pipeline import Embedded, Pipeline
+
+SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
+
+# The one translation table from domain errors to gRPC status codes (README, "Status codes").
+STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Cancelled: grpc.StatusCode.CANCELLED,
+    InferenceFailed: grpc.StatusCode.INTERNAL,
+}
+
+STREAM_WINDOW = 16  # requests of one stream computed concurrently; reading pauses beyond that
+
+
+def status_for(error: EmbedError) -> grpc.StatusCode:
+    return STATUS_FOR_ERROR.get(type(error), grpc.StatusCode.INTERNAL)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    model_version: str
+    dim: int
+    max_input_length: int
+    execution_provider: str
+    precision: str
+    version: str
+
+
+class ServingState:
+    """What the servicer needs to know about the server's life: ready, draining."""
+
+    def __init__(self) -> None:
+        self.pipeline: Pipeline | None = None
+        self.info: ModelInfo | None = None
+        self.draining = False
+
+    def ready_pipeline(self) -> Pipeline:
+        if self.draining:
+            raise NotReady("the server is shutting down; retry on another replica")
+        if self.pipeline is None:
+            raise NotReady("the model is still loading; retry shortly")
+        return self.pipeline
+
+
+def to_response(result: Embedded, total_seconds: float) -> embedding_pb2.EmbedResponse:
+    return embedding_pb2.EmbedResponse(
+        embeddings=[embedding_pb2.Embedding(values=row) for row in result.embeddings.tolist()],
+        token_counts=result.token_counts,
+        total_tokens=sum(result.token_counts),
+        truncated_inputs=result.truncated,
+        timings=embedding_pb2.Timings(
+            tokenization_seconds=result.tokenize_seconds,
+            queue_seconds=result.queue_seconds,
+            inference_seconds=result.inference_seconds,
+            total_seconds=total_seconds,
+        ),
+    )
+
+
+class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
+    def __init__(self, state: ServingState, metrics: Metrics, batching: embedding_pb2.InfoResponse) -> None:
+        self.state = state
+        self.metrics = metrics
+        self._batching = batching  # the limits part of Info, fixed at start
+
+    @contextlib.contextmanager
+    def _observe(self, method: str) -> Iterator[list[grpc.StatusCode]]:
+        """Counts the RPC with the code the handler records (OK unless it says otherwise)."""
+        code = [grpc.StatusCode.OK]
+        started = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            yield code
+        except asyncio.CancelledError:
+            code[0] = grpc.StatusCode.CANCELLED
+            self.metrics.rejected("cancelled")
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(method, code[0].name).inc()
+            self.metrics.request_duration.labels(method).observe(time.perf_counter() - started)
+
+    async def _embed(self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> Embedded:
+        pipeline = self.state.ready_pipeline()
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        normalize = request.normalize if request.HasField("normalize") else True
+        return await pipeline.embed(list(request.inputs), request.truncate, normalize, deadline)
+
+    def _reject(self, error: EmbedError) -> None:
+        if isinstance(error, NotReady) and self.state.draining:
+            self.metrics.rejected("draining")
+        elif isinstance(error, DeadlineExceeded):
+            self.metrics.rejected("deadline")
+
+    async def Embed(  # noqa: N802 (gRPC method name)
+        self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> embedding_pb2.EmbedResponse:
+        with self._observe("Embed") as code:
+            started = time.perf_counter()
+            try:
+                result = await self._embed(request, context)
+            except EmbedError as e:
+                code[0] = status_for(e)
+                self._reject(e)
+                await context.abort(code[0], str(e))
+            return to_response(result, time.perf_counter() - started)
+
+    async def EmbedStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[embedding_pb2.EmbedRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[embedding_pb2.EmbedResponse]:
+        """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
+        pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def one(request: embedding_pb2.EmbedRequest) -> embedding_pb2.EmbedResponse:
+            with self._observe("EmbedStream") as code:
+                started = time.perf_counter()
+                try:
+                    return to_response(await self._embed(request, context), time.perf_counter() - started)
+                except EmbedError as e:
+                    code[0] = status_for(e)
+                    self._reject(e)
+                    raise
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await pending.put(asyncio.create_task(one(request)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.create_task(read())
+        position = 0
+        try:
+            while (task := await pending.get()) is not None:
+                try:
+                    response = await task
+                except EmbedError as e:
+                    await context.abort(status_for(e), f"stream request {position}: {e}")
+                yield response
+                position += 1
+            await reader  # surfaces a failure to read the stream
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                task = pending.get_nowait()
+                if task is not None:
+                    task.cancel()
+
+    async def Info(  # noqa: N802
+        self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> embedding_pb2.InfoResponse:
+        with self._observe("Info") as code:
+            info = self.state.info
+            if info is None:
+                code[0] = grpc.StatusCode.UNAVAILABLE
+                await context.abort(code[0], "the model is still loading; retry shortly")
+            response = embedding_pb2.InfoResponse()
+            response.CopyFrom(self._batching)
+            response.model_id = info.model_id
+            response.model_version = info.model_version
+            response.dim = info.dim
+            response.max_input_length = info.max_input_length
+            response.execution_provider = info.execution_provider
+            response.precision = info.precision
+            response.version = info.version
+            return response

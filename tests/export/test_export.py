@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from export.artifacts import sha256
+from export.verify import onnx_backend, torch_backend, verify
+
+
+def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
+    manifest = json.loads((tiny_artifacts / "manifest.json").read_text())
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256(tiny_artifacts / name)
+    assert set(manifest["files"]) == {"model.onnx", "model.torchscript.pt", "tokenizer.json"}
+    assert manifest["dim"] == 32 and manifest["max_length"] == 32
+    assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["output"] == "embeddings"
+    assert manifest["opset"] >= 18
+    assert manifest["parity"]["passed"] is True
+    assert manifest["training"]["steps"] == 12
+
+
+def test_onnx_graph_has_dynamic_batch_and_sequence_axes(tiny_artifacts: Path) -> None:
+    graph = onnx.load(str(tiny_artifacts / "model.onnx")).graph
+    for value in graph.input:
+        assert value.type.tensor_type.elem_type == onnx.TensorProto.INT64
+        dims = value.type.tensor_type.shape.dim
+        assert len(dims) == 2 and all(d.dim_param and not d.dim_value for d in dims)
+    (output,) = graph.output
+    assert output.name == "embeddings"
+    assert output.type.tensor_type.shape.dim[1].dim_value == 32
+
+
+def test_onnx_runs_on_shapes_never_seen_at_export(tiny_artifacts: Path) -> None:
+    session = ort.InferenceSession(str(tiny_artifacts / "model.onnx"), providers=["CPUExecutionProvider"])
+    for batch, seq in [(1, 1), (7, 29), (130, 5)]:
+        ids = np.full((batch, seq), 5, dtype=np.int64)
+        out = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+        assert out.shape == (batch, 32) and np.isfinite(out).all()
+
+
+def test_torchscript_loads_without_project_code(tiny_artifacts: Path, tmp_path: Path) -> None:
+    code = (
+        "import torch, sys\n"
+        "m = torch.jit.load(sys.argv[1])\n"
+        "ids = torch.tensor([[2, 9, 3, 0]]); mask = torch.tensor([[1, 1, 1, 0]])\n"
+        "print(tuple(m(ids, mask).shape))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code, str(tiny_artifacts / "model.torchscript.pt")],
+        cwd=tmp_path,  # outside the repository: `model` is not importable from here
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "(1, 32)"
+
+
+def test_parity_report_passes_for_the_real_backends(tiny_training, tiny_artifacts: Path) -> None:
+    result, _ = tiny_training
+    from export.torchscript import load_torchscript
+
+    backends = {
+        "eager": torch_backend(result.model.eval()),
+        "torchscript": torch_backend(load_torchscript(tiny_artifacts / "model.torchscript.pt")),
+        "onnx": onnx_backend(tiny_artifacts / "model.onnx"),
+    }
+    report = verify(backends, vocab_size=1000, pad_id=0, max_len=32, seed=7)
+    assert report.passes(), report.table()
+    assert {c["sequence"] for c in report.cases} == {1, 2, 17, 32}
+    assert {c["batch"] for c in report.cases} == {1, 3, 16, 64}
+
+
+def test_parity_report_catches_a_backend_that_drifts(tiny_training, tiny_artifacts: Path) -> None:
+    result, _ = tiny_training
+    eager = torch_backend(result.model.eval())
+
+    def drifting(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return eager(ids, mask) + 1e-4
+
+    report = verify({"eager": eager, "drifting": drifting}, vocab_size=1000, pad_id=0, max_len=32)
+    assert not report.passes()
+    assert report.pairs["eager vs drifting"].max_abs > 5e-5
+
+
+def test_parity_report_catches_padding_leaks(tiny_training) -> None:
+    result, _ = tiny_training
+    eager = torch_backend(result.model.eval())
+
+    def ignores_mask(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return eager(ids, np.ones_like(mask))
+
+    report = verify({"eager": eager, "onnx": ignores_mask}, vocab_size=1000, pad_id=0, max_len=32)
+    assert not report.passes()

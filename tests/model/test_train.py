@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from model.train import TrainConfig, info_nce, lr_at, pad_batch, retrieval_scores, train
+from model.transformer import EncoderConfig
+from tests.conftest import TINY_MODEL
+
+
+def test_pad_batch_pads_right_and_masks() -> None:
+    ids, mask = pad_batch([[5, 6, 7], [8]], pad=0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_info_nce_rewards_matching_rows() -> None:
+    torch.manual_seed(0)
+    a = torch.randn(16, 8)
+    matched = info_nce(a, a + 0.01 * torch.randn(16, 8), temperature=0.05)
+    shuffled = info_nce(a, a[torch.randperm(16)], temperature=0.05)
+    assert matched.item() < 0.1 < np.log(16) < shuffled.item() + 1
+
+
+def test_retrieval_scores_on_a_known_ranking() -> None:
+    docs = np.eye(3, dtype=np.float32)
+    queries = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 0.2, 0.8]], dtype=np.float32)
+    scores = retrieval_scores(queries, docs, targets=[0, 1, 2])
+    # ranks: 1, 2 (doc 0 is closer than doc 1), 1
+    assert scores.recall_at_1 == pytest.approx(2 / 3)
+    assert scores.recall_at_10 == 1.0
+    assert scores.mrr == pytest.approx((1 + 0.5 + 1) / 3)
+
+
+def test_learning_rate_warms_up_then_decays_to_zero() -> None:
+    config = TrainConfig(steps=100, warmup_steps=10, lr=1.0)
+    assert lr_at(0, config) == pytest.approx(0.1)
+    assert lr_at(9, config) == pytest.approx(1.0)
+    assert lr_at(55, config) == pytest.approx(0.5, abs=0.02)
+    assert lr_at(100, config) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_training_is_reproducible_with_a_seed() -> None:
+    config = replace(
+        TrainConfig(progress=False),
+        steps=3,
+        batch_size=16,
+        vocab_size=300,
+        max_synsets=600,
+        held_out_fraction=0.1,
+        model=EncoderConfig(**TINY_MODEL),
+    )
+    first, second = train(config), train(config)
+    assert first.losses == second.losses
+    assert first.evaluation == second.evaluation
+
+
+def test_tiny_training_reports_all_three_evaluations(tiny_training) -> None:
+    result, out = tiny_training
+    assert set(result.evaluation) == {"untrained", "tfidf", "trained"}
+    for scores in result.evaluation.values():
+        assert 0.0 <= scores["recall_at_1"] <= scores["recall_at_10"] <= 1.0
+    assert all(np.isfinite(result.losses)) and len(result.losses) == 12
+    assert (out / "checkpoint.pt").is_file() and (out / "tokenizer.json").is_file()
+    assert result.summary["held_out_queries"] > 0
