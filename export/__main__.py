@@ -19,7 +19,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     manifest, report = export_all(args.model_dir)
     print(report.table())
-    print(f"wrote {', '.join(manifest['files'])} to {args.model_dir}")
+    files = manifest["files"]
+    assert isinstance(files, dict)
+    print(f"wrote {', '.join(files)} to {args.model_dir}")
     if not report.passes():
         raise SystemExit("parity check failed: see the table above")
 

@@ -144,9 +144,7 @@ def verify(
                 case = PairFigures()
                 case.update(outputs[a], outputs[b])
                 report.pairs[f"{a} vs {b}"].update(outputs[a], outputs[b])
-                report.cases.append(
-                    {"batch": batch, "sequence": sequence, "pair": f"{a} vs {b}", **asdict(case)}
-                )
+                report.cases.append({"batch": batch, "sequence": sequence, "pair": f"{a} vs {b}", **asdict(case)})
             for name in ("eager", "onnx"):
                 if name in backends:
                     worst = row_alone_max_abs(backends[name], ids, mask, outputs[name], rng)

@@ -91,7 +91,8 @@ def is_held_out(synset_key: str, fraction: float = 0.02, seed: int = 0) -> bool:
 def split_synsets(
     synsets: Iterable[Synset], fraction: float = 0.02, seed: int = 0
 ) -> tuple[list[Synset], list[Synset]]:
-    train, held_out = [], []
+    train: list[Synset] = []
+    held_out: list[Synset] = []
     for s in synsets:
         (held_out if is_held_out(s.key, fraction, seed) else train).append(s)
     return train, held_out

@@ -23,6 +23,11 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, max_len: int) -> Toke
     tokenizer.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    # The trainer finds the same token set every run but numbers it in hash-map order, which varies
+    # between processes. Renumber canonically (special tokens first, then sorted) for reproducibility.
+    learned = sorted(set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS))
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *learned])}
+    tokenizer.model = models.WordPiece(vocab=vocab, unk_token=UNK)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}",
         special_tokens=[(CLS, tokenizer.token_to_id(CLS)), (SEP, tokenizer.token_to_id(SEP))],

@@ -58,6 +58,7 @@ class PositionalEncoding(nn.Module):
         pe = torch.zeros(max_len, d_model)  # (max_len, C)
         pe[:, 0::2] = torch.sin(position * div_term)
         pe[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
+        self.pe: Tensor
         self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:

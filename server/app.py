@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ log = logging.getLogger("server")
 VERSION = "0.1.0"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+DRAIN_LINGER_SECONDS = 0.25
 
 
 @dataclass
@@ -93,7 +95,9 @@ class EmbeddingServer:
         self.service = EmbedderService(self.state, self.metrics, batching)
         embedding_pb2_grpc.add_EmbedderServicer_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
+        )
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ("", SERVICE_NAME):
@@ -104,9 +108,16 @@ class EmbeddingServer:
         self.port = self.grpc_server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         await self.grpc_server.start()
         if self.config.metrics_port >= 0:
-            self._metrics_http, self.metrics_port = self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
-        log.info("gRPC on %s:%d, metrics on %s:%d; loading model", self.config.host, self.port,
-                 self.config.metrics_host, self.metrics_port)
+            self._metrics_http, self.metrics_port = self.metrics.serve(
+                self.config.metrics_host, self.config.metrics_port
+            )
+        log.info(
+            "gRPC on %s:%d, metrics on %s:%d; loading model",
+            self.config.host,
+            self.port,
+            self.config.metrics_host,
+            self.metrics_port,
+        )
         return self.port
 
     async def load(self) -> None:
@@ -150,11 +161,19 @@ class EmbeddingServer:
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new RPCs, answer every admitted request within the grace period."""
         grace = self.config.grace_seconds if grace is None else grace
+        deadline = time.monotonic() + grace
         log.info("draining (grace %.1f s)", grace)
-        self.state.draining = True
+        self.state.draining = True  # from here new RPCs get UNAVAILABLE from our handlers
         await self.health.enter_graceful_shutdown()
-        # In-flight RPCs finish (the batcher keeps running) while new ones are refused.
-        await self.grpc_server.stop(grace)
+        # Admitted work finishes while the transport is still up, so its answers get out; only then
+        # does gRPC stop (which would cancel calls that race with it rather than refuse them cleanly).
+        while (self.state.in_flight or (self.batcher and self.batcher.queued_items)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        # Clients whose last answer just went out may already be sending again: refuse those cleanly
+        # (UNAVAILABLE) for a moment instead of letting gRPC's stop cancel them mid-flight.
+        await asyncio.sleep(min(DRAIN_LINGER_SECONDS, max(0.0, deadline - time.monotonic())))
+        cut_off = self.state.in_flight
+        await self.grpc_server.stop(max(0.0, deadline - time.monotonic()))
         if self.batcher is not None:
             await self.batcher.drain(timeout=1.0)
             await self.batcher.close()
@@ -162,7 +181,8 @@ class EmbeddingServer:
             self.state.pipeline.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
-        log.info("stopped")
+        answered = int(self.metrics.requests.labels("Embed", "OK")._value.get())
+        log.info("stopped: %d Embed requests answered OK, %d RPCs cut off by the grace period", answered, cut_off)
 
 
 async def create_server(config: ServerConfig, load: bool = True) -> tuple[EmbeddingServer, int]:

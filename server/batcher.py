@@ -19,6 +19,7 @@ errors. Policy (see docs/architecture.md):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -104,7 +105,7 @@ class Batcher:
         observer: BatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._run_batch = run_batch
+        self.run_batch = run_batch  # public so tests and fault injection can wrap it
         self.policy = policy
         self._observer = observer or BatchObserver()
         self._clock = clock
@@ -190,10 +191,8 @@ class Batcher:
         self._closing = True
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         for item in self._queue:
             if not item.request.future.done():
                 item.request.future.set_exception(NotReady("the server stopped before this request ran"))
@@ -293,7 +292,7 @@ class Batcher:
         self._observer.batch_started(len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch])
         loop = asyncio.get_running_loop()
         try:
-            output = await loop.run_in_executor(self._executor, self._run_batch, rows)
+            output = await loop.run_in_executor(self._executor, self.run_batch, rows)
             if output.shape[0] != len(batch):
                 raise RuntimeError(f"backend returned {output.shape[0]} rows for {len(batch)}")
         except Exception as e:  # one bad batch must not take the server down

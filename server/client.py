@@ -1,9 +1,9 @@
 """A small typed client for the embedding service (sync and asyncio) and a CLI.
 
-    python -m server.client embed "some text" "more text"   # prints JSON
-    python -m server.client info
-    python -m server.client health
-    python -m server.client --target host:50051 embed --no-normalize --truncate "..."
+python -m server.client embed "some text" "more text"   # prints JSON
+python -m server.client info
+python -m server.client health
+python -m server.client --target host:50051 embed --no-normalize --truncate "..."
 """
 
 from __future__ import annotations

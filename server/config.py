@@ -60,7 +60,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC.")
     for f in fields(ServerConfig):
-        kind = type(f.default)
+        kind: type = type(f.default)
         default = kind(environ[env_name(f.name)]) if env_name(f.name) in environ else f.default
         parser.add_argument(
             "--" + f.name.replace("_", "-"),

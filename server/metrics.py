@@ -44,7 +44,10 @@ class Metrics(BatchObserver):
             registry=registry,
         )
         self.tokenize_duration = Histogram(
-            "embed_tokenize_duration_seconds", "Tokenization time per request.", buckets=LATENCY_BUCKETS, registry=registry
+            "embed_tokenize_duration_seconds",
+            "Tokenization time per request.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.queue_duration = Histogram(
             "embed_queue_duration_seconds",
@@ -76,9 +79,7 @@ class Metrics(BatchObserver):
         self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now.", registry=registry)
         self.inputs = Counter("embed_inputs", "Inputs embedded and returned.", registry=registry)
         self.tokens = Counter("embed_tokens", "Tokens of inputs embedded and returned.", registry=registry)
-        self.rejections = Counter(
-            "embed_rejections", "Requests refused, by reason.", ["reason"], registry=registry
-        )
+        self.rejections = Counter("embed_rejections", "Requests refused, by reason.", ["reason"], registry=registry)
         self.dropped_items = Counter(
             "embed_dropped_items", "Queued inputs dropped before inference, by reason.", ["reason"], registry=registry
         )

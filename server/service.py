@@ -60,6 +60,7 @@ class ServingState:
         self.pipeline: Pipeline | None = None
         self.info: ModelInfo | None = None
         self.draining = False
+        self.in_flight = 0  # RPCs inside a handler now; drain waits for this to reach 0
 
     def ready_pipeline(self) -> Pipeline:
         if self.draining:
@@ -96,6 +97,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         code = [grpc.StatusCode.OK]
         started = time.perf_counter()
         self.metrics.in_flight.inc()
+        self.state.in_flight += 1
         try:
             yield code
         except asyncio.CancelledError:
@@ -103,6 +105,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
             self.metrics.rejected("cancelled")
             raise
         finally:
+            self.state.in_flight -= 1
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(method, code[0].name).inc()
             self.metrics.request_duration.labels(method).observe(time.perf_counter() - started)
@@ -120,7 +123,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         elif isinstance(error, DeadlineExceeded):
             self.metrics.rejected("deadline")
 
-    async def Embed(  # noqa: N802 (gRPC method name)
+    async def Embed(
         self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.EmbedResponse:
         with self._observe("Embed") as code:
@@ -133,7 +136,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                 await context.abort(code[0], str(e))
             return to_response(result, time.perf_counter() - started)
 
-    async def EmbedStream(  # noqa: N802
+    async def EmbedStream(
         self, request_iterator: AsyncIterator[embedding_pb2.EmbedRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[embedding_pb2.EmbedResponse]:
         """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
@@ -174,7 +177,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                 if task is not None:
                     task.cancel()
 
-    async def Info(  # noqa: N802
+    async def Info(
         self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.InfoResponse:
         with self._observe("Info") as code:
@@ -182,6 +185,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
             if info is None:
                 code[0] = grpc.StatusCode.UNAVAILABLE
                 await context.abort(code[0], "the model is still loading; retry shortly")
+                raise AssertionError("unreachable: abort raises")
             response = embedding_pb2.InfoResponse()
             response.CopyFrom(self._batching)
             response.model_id = info.model_id

@@ -36,6 +36,6 @@ def tiny_artifacts(tiny_training) -> Path:
     from export.artifacts import export_all
 
     _, out = tiny_training
-    manifest, report = export_all(out)
+    _, report = export_all(out)
     assert report.passes(), report.table()
     return out

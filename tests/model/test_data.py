@@ -44,7 +44,7 @@ def test_parse_satellite_adjective_and_header() -> None:
 
 
 def test_missing_wordnet_names_the_package_and_flag(tmp_path: Path) -> None:
-    with pytest.raises(WordNetNotFound, match="wordnet-base.*--wordnet-dir"):
+    with pytest.raises(WordNetNotFound, match=r"wordnet-base.*--wordnet-dir"):
         find_wordnet(tmp_path)
 
 

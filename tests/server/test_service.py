@@ -1,0 +1,273 @@
+"""End-to-end over real gRPC sockets against a tiny exported model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from embedding.v1 import embedding_pb2
+from server.client import AsyncEmbeddingClient, EmbeddingClient
+from tests.server.conftest import SENTENCES, ServerThread, request, server_config
+
+LONG_TEXT = " ".join(["photosynthesis of the chlorophyll"] * 20)  # far beyond the tiny model's 32 tokens
+
+
+def vectors(response: embedding_pb2.EmbedResponse) -> np.ndarray:
+    return np.array([e.values for e in response.embeddings], dtype=np.float32)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_embed_returns_inputs_in_order_equal_to_onnx_alone(served: ServerThread, reference) -> None:
+    response = served.stub().Embed(request(*SENTENCES, truncate=True))
+    got = vectors(response)
+    assert got.shape == (len(SENTENCES), 32)
+    for i, text in enumerate(SENTENCES):
+        np.testing.assert_allclose(got[i], unit(reference(text)), atol=1e-5)
+    assert response.token_counts[5] == 3  # [CLS] x [SEP]
+    assert response.token_counts[2] == 32  # truncated to the tiny model's limit
+    assert response.total_tokens == sum(response.token_counts)
+    assert response.timings.total_seconds >= response.timings.inference_seconds > 0
+
+
+def test_normalize_defaults_to_true_and_can_be_turned_off(served: ServerThread, reference) -> None:
+    stub = served.stub()
+    default = vectors(stub.Embed(request("the cat sat on the mat")))
+    raw = vectors(stub.Embed(request("the cat sat on the mat", normalize=False)))
+    assert np.linalg.norm(default[0]) == pytest.approx(1.0, abs=1e-6)
+    assert abs(np.linalg.norm(raw[0]) - 1.0) > 1e-3
+    np.testing.assert_allclose(raw[0], reference("the cat sat on the mat"), atol=1e-5)
+    np.testing.assert_allclose(default[0], unit(raw[0]), atol=1e-6)
+
+
+def test_truncate_on_cuts_to_the_limit_and_off_names_count_and_limit(served: ServerThread, reference) -> None:
+    stub = served.stub()
+    response = stub.Embed(request("short", LONG_TEXT, truncate=True))
+    assert list(response.truncated_inputs) == [1]
+    assert response.token_counts[1] == 32
+    np.testing.assert_allclose(vectors(response)[1], unit(reference(LONG_TEXT, truncate=True)), atol=1e-5)
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Embed(request("short", LONG_TEXT, truncate=False))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "inputs[1]" in error.value.details() and "limit of 32" in error.value.details()
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        ((), "inputs is empty"),
+        (("ok", ""), "inputs[1] is empty"),
+        (("ok", "fine", "   "), "inputs[2] is empty"),
+        (tuple(["word"] * 33), "33 inputs, more than max_client_batch_size=32"),
+    ],
+)
+def test_invalid_requests_get_invalid_argument(served: ServerThread, texts: tuple[str, ...], message: str) -> None:
+    with pytest.raises(grpc.RpcError) as error:
+        served.stub().Embed(request(*texts))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in error.value.details()
+
+
+def test_message_size_is_bounded(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts, max_message_bytes=64 * 1024))
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            server.stub().Embed(request("word " * 20000, truncate=True))
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert len(server.stub().Embed(request("still serving")).embeddings) == 1
+    finally:
+        server.stop()
+
+
+def test_busy_mixed_length_batches_give_the_same_embeddings_as_alone(served: ServerThread, reference) -> None:
+    texts = [" ".join(SENTENCES[: 1 + i % len(SENTENCES)])[: 10 + 7 * i] for i in range(60)]
+    batches_before = served.server.metrics.batches._value.get()
+
+    async def run() -> list[np.ndarray]:
+        async with AsyncEmbeddingClient(served.target) as client:
+            results = await asyncio.gather(*(client.embed([t], truncate=True) for t in texts))
+        return [np.array(r.embeddings[0], dtype=np.float32) for r in results]
+
+    got = asyncio.run(run())
+    for text, vector in zip(texts, got, strict=True):
+        np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
+    assert served.server.metrics.batches._value.get() - batches_before < len(texts)  # really batched
+
+
+def test_200_concurrent_clients_each_get_their_own_result(served: ServerThread, reference) -> None:
+    texts = [f"client {i} asks about {SENTENCES[i % len(SENTENCES)]}" for i in range(200)]
+    batches_before = served.server.metrics.batches._value.get()
+
+    async def one(text: str) -> np.ndarray:
+        async with AsyncEmbeddingClient(served.target) as client:  # each its own channel
+            result = await client.embed([text], truncate=True)
+        return np.array(result.embeddings[0], dtype=np.float32)
+
+    async def run() -> list[np.ndarray]:
+        return await asyncio.gather(*(one(t) for t in texts))
+
+    got = asyncio.run(run())
+    for text, vector in zip(texts, got, strict=True):
+        np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
+    batches = served.server.metrics.batches._value.get() - batches_before
+    assert batches < len(texts)  # they were batched together, not run one by one
+
+
+def test_stream_answers_in_order(served: ServerThread, reference) -> None:
+    texts = [f"{SENTENCES[i % len(SENTENCES)]} number {i}" for i in range(40)]
+    responses = list(served.stub().EmbedStream(iter([request(t, truncate=True) for t in texts])))
+    assert len(responses) == len(texts)
+    for text, response in zip(texts, responses, strict=True):
+        np.testing.assert_allclose(vectors(response)[0], unit(reference(text)), atol=1e-5)
+
+
+def test_stream_error_ends_the_stream_naming_the_request(served: ServerThread) -> None:
+    requests = [request("fine"), request("also fine"), request(""), request("never reached")]
+    got = []
+    with pytest.raises(grpc.RpcError) as error:
+        for response in served.stub().EmbedStream(iter(requests)):
+            got.append(response)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "stream request 2" in error.value.details()
+    assert len(got) == 2
+
+
+def test_info_reports_model_limits_and_provider(served: ServerThread) -> None:
+    with EmbeddingClient(served.target) as client:
+        info = client.info()
+    assert info["dim"] == 32 and info["max_input_length"] == 32
+    assert info["execution_provider"] == "CPUExecutionProvider"
+    assert info["max_client_batch_size"] == 32 and info["precision"] == "fp32"
+    assert len(str(info["model_version"])) == 12
+
+
+def test_reflection_lists_the_services(served: ServerThread) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(served.target))
+    (response,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for s in response.list_services_response.service}
+    assert {"embedding.v1.Embedder", "grpc.health.v1.Health"} <= names
+
+
+def test_health_not_serving_until_loaded_then_serving_then_not_serving_on_drain(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts), load=False)
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.target))
+
+    def status(service: str = "") -> int:
+        return health.Check(health_pb2.HealthCheckRequest(service=service)).status
+
+    assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(grpc.RpcError) as error:
+        server.stub().Embed(request("too early"))
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    server.call(server.server.load())
+    assert status() == status("embedding.v1.Embedder") == health_pb2.HealthCheckResponse.SERVING
+    watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    stopper = threading.Thread(target=server.stop, args=(2.0,))
+    stopper.start()
+    assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    stopper.join()
+
+
+def test_deadline_passed_while_queued_gives_deadline_exceeded(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+    gate = threading.Event()
+    computed: list[int] = []
+    real = server.server.batcher.run_batch
+
+    def gated(rows):  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        computed.append(len(rows))
+        return real(rows)
+
+    server.server.batcher.run_batch = gated
+    stub = server.stub()
+    try:
+        blocker = stub.Embed.future(request("holds the backend"))
+        time.sleep(0.2)  # the blocker's batch is running (gated); the next request waits in the queue
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Embed(request("too slow", "for me"), timeout=0.3)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        gate.set()
+        assert len(blocker.result().embeddings) == 1
+        assert len(stub.Embed(request("after")).embeddings) == 1
+        assert computed == [1, 1]  # the expired request's two inputs were never computed
+    finally:
+        gate.set()
+        server.stop()
+
+
+def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts, max_queue_tokens=20, max_batch_size=1))
+    gate = threading.Event()
+    real = server.server.batcher.run_batch
+    server.server.batcher.run_batch = lambda rows: (gate.wait(10), real(rows))[1]
+    tokenizer = server.server.loaded.tokenizer
+    stub = server.stub()
+    waiting = "the second waits in the queue"
+    overflow = "a sentence that does not fit"
+    queued_tokens = tokenizer.encode([waiting], False).token_counts[0]
+    overflow_tokens = tokenizer.encode([overflow], False).token_counts[0]
+    assert overflow_tokens <= 20 < queued_tokens + overflow_tokens  # fits an empty queue, not this one
+    try:
+        running = stub.Embed.future(request("first one runs"))
+        time.sleep(0.2)
+        queued = stub.Embed.future(request(waiting))
+        time.sleep(0.2)
+        assert server.server.batcher.queued_tokens == queued_tokens
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Embed(request(overflow))
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert server.server.batcher.queued_tokens == queued_tokens  # nothing of it was queued
+        gate.set()
+        assert len(running.result().embeddings) == 1 and len(queued.result().embeddings) == 1
+        assert len(stub.Embed(request(overflow)).embeddings) == 1  # fits once the queue drained
+    finally:
+        gate.set()
+        server.stop()
+
+
+def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+    real = server.server.batcher.run_batch
+    calls = []
+
+    def fails_once(rows):  # type: ignore[no-untyped-def]
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise RuntimeError("injected fault")
+        return real(rows)
+
+    server.server.batcher.run_batch = fails_once
+    stub = server.stub()
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Embed(request("unlucky"))
+        assert error.value.code() == grpc.StatusCode.INTERNAL
+        assert "RuntimeError" in error.value.details()
+        assert len(stub.Embed(request("lucky", "again")).embeddings) == 2
+    finally:
+        server.stop()
+
+
+def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from server.client import main
+
+    assert main(["--target", served.target, "embed", "hello", "world"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["embeddings"]) == 2 and len(out["embeddings"][0]) == 32
+    assert main(["--target", served.target, "health"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"status": "SERVING"}
+    assert main(["--target", served.target, "embed", ""]) == 1
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err
