@@ -130,6 +130,7 @@ class EmbeddingServer:
             max_delay=self.config.max_delay_seconds,
         )
         self.batcher = Batcher(loaded.runtime.run_rows, policy, observer=self.metrics)
+        self.metrics.queue_capacity_tokens.set(policy.max_queue_tokens)
         self.batcher.start()
         limits = Limits(self.config.max_client_batch_size, self.config.max_input_chars)
         self.loaded = loaded

@@ -53,8 +53,6 @@ class BatchObserver:
 
     def admitted(self, items: int, tokens: int) -> None: ...
 
-    def rejected(self, reason: str) -> None: ...
-
     def dropped(self, reason: str, items: int) -> None: ...
 
     def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None: ...
@@ -144,19 +142,16 @@ class Batcher:
         draining, Overloaded when the queue is full, DeadlineExceeded, InferenceFailed.
         """
         if self._closing:
-            self._observer.rejected("draining")
             raise NotReady("the server is shutting down; retry on another replica")
         if not rows:
             raise InvalidInput("no inputs")
         tokens = sum(len(r) for r in rows)
         if tokens > self.policy.max_queue_tokens:
-            self._observer.rejected("invalid")
             raise InvalidInput(
                 f"the request has {tokens} tokens, more than the server queues at once "
                 f"({self.policy.max_queue_tokens}); split it"
             )
         if self._queued_tokens + tokens > self.policy.max_queue_tokens:
-            self._observer.rejected("overloaded")
             raise Overloaded(
                 f"queue full ({self._queued_tokens} of {self.policy.max_queue_tokens} tokens waiting); retry later"
             )

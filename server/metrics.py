@@ -24,7 +24,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
-REJECTION_REASONS = ("overloaded", "invalid", "deadline", "cancelled", "draining", "unauthenticated")
+REJECTION_REASONS = ("overloaded", "invalid", "deadline", "cancelled", "draining", "not_ready")
 
 
 class Metrics(BatchObserver):
@@ -76,6 +76,9 @@ class Metrics(BatchObserver):
         )
         self.queue_items = Gauge("embed_queue_items", "Inputs waiting in the queue.", registry=registry)
         self.queue_tokens = Gauge("embed_queue_tokens", "Real tokens waiting in the queue.", registry=registry)
+        self.queue_capacity_tokens = Gauge(
+            "embed_queue_capacity_tokens", "Queued tokens at which admission control refuses.", registry=registry
+        )
         self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now.", registry=registry)
         self.inputs = Counter("embed_inputs", "Inputs embedded and returned.", registry=registry)
         self.tokens = Counter("embed_tokens", "Tokens of inputs embedded and returned.", registry=registry)
@@ -88,6 +91,8 @@ class Metrics(BatchObserver):
         self.model_info = Info("embed_model", "The model being served and where it runs.", registry=registry)
         for reason in REJECTION_REASONS:  # present from the start, so rate() has a series to work on
             self.rejections.labels(reason)
+        for reason in ("cancelled", "deadline", "failed"):
+            self.dropped_items.labels(reason)
         for kind in ("real", "padded"):
             self.batch_tokens.labels(kind)
 

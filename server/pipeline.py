@@ -74,23 +74,14 @@ class Pipeline:
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
 
     async def embed(self, texts: list[str], truncate: bool, normalize: bool, deadline: float | None) -> Embedded:
-        try:
-            validate(texts, self.limits)
-        except InvalidInput:
-            self.metrics.rejected("invalid")
-            raise
+        validate(texts, self.limits)
         policy = self.batcher.policy
         if self.batcher.queued_tokens + MIN_TOKENS_PER_INPUT * len(texts) > policy.max_queue_tokens:
             # Refuse before paying for tokenization: the queue cannot take even the shortest version.
-            self.metrics.rejected("overloaded")
             raise Overloaded(f"queue full ({self.batcher.queued_tokens} tokens waiting); retry later")
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        try:
-            encoded = await loop.run_in_executor(self._tokenize_pool, self.tokenizer.encode, texts, truncate)
-        except InvalidInput:
-            self.metrics.rejected("invalid")
-            raise
+        encoded = await loop.run_in_executor(self._tokenize_pool, self.tokenizer.encode, texts, truncate)
         tokenize_seconds = time.perf_counter() - started
         self.metrics.tokenize_duration.observe(tokenize_seconds)
         result = await self.batcher.submit(encoded.rows, deadline)

@@ -35,6 +35,15 @@ STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
     InferenceFailed: grpc.StatusCode.INTERNAL,
 }
 
+# Reasons for embed_rejections_total; InferenceFailed is counted as embed_batch_failures_total.
+REJECTION_REASON: dict[type[EmbedError], str] = {
+    InvalidInput: "invalid",
+    Overloaded: "overloaded",
+    NotReady: "draining",
+    DeadlineExceeded: "deadline",
+    Cancelled: "cancelled",
+}
+
 STREAM_WINDOW = 16  # requests of one stream computed concurrently; reading pauses beyond that
 
 
@@ -92,7 +101,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         self._batching = batching  # the limits part of Info, fixed at start
 
     @contextlib.contextmanager
-    def _observe(self, method: str) -> Iterator[list[grpc.StatusCode]]:
+    def _observe(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[list[grpc.StatusCode]]:
         """Counts the RPC with the code the handler records (OK unless it says otherwise)."""
         code = [grpc.StatusCode.OK]
         started = time.perf_counter()
@@ -100,9 +109,11 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         self.state.in_flight += 1
         try:
             yield code
-        except asyncio.CancelledError:
-            code[0] = grpc.StatusCode.CANCELLED
-            self.metrics.rejected("cancelled")
+        except asyncio.CancelledError:  # the client went away, or its deadline passed while we worked
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            code[0] = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            self.metrics.rejected("deadline" if expired else "cancelled")
             raise
         finally:
             self.state.in_flight -= 1
@@ -118,15 +129,17 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         return await pipeline.embed(list(request.inputs), request.truncate, normalize, deadline)
 
     def _reject(self, error: EmbedError) -> None:
-        if isinstance(error, NotReady) and self.state.draining:
-            self.metrics.rejected("draining")
-        elif isinstance(error, DeadlineExceeded):
-            self.metrics.rejected("deadline")
+        """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
+        reason = REJECTION_REASON.get(type(error))
+        if isinstance(error, NotReady) and not self.state.draining:
+            reason = "not_ready"
+        if reason is not None:
+            self.metrics.rejected(reason)
 
     async def Embed(
         self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.EmbedResponse:
-        with self._observe("Embed") as code:
+        with self._observe("Embed", context) as code:
             started = time.perf_counter()
             try:
                 result = await self._embed(request, context)
@@ -143,7 +156,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def one(request: embedding_pb2.EmbedRequest) -> embedding_pb2.EmbedResponse:
-            with self._observe("EmbedStream") as code:
+            with self._observe("EmbedStream", context) as code:
                 started = time.perf_counter()
                 try:
                     return to_response(await self._embed(request, context), time.perf_counter() - started)
@@ -180,7 +193,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
     async def Info(
         self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.InfoResponse:
-        with self._observe("Info") as code:
+        with self._observe("Info", context) as code:
             info = self.state.info
             if info is None:
                 code[0] = grpc.StatusCode.UNAVAILABLE
