@@ -162,7 +162,9 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["alerts.yml"],
-            "scrape_configs": [{"job_name": "embedding", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+            "scrape_configs": [
+                {"job_name": "embedding", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}
+            ],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.process = subprocess.Popen(
