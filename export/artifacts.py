@@ -8,7 +8,8 @@ from pathlib import Path
 
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.torchscript import export_torchscript
-from export.verify import ParityReport, verify_artifacts
+from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
+from export.verify import ParityReport, precision_report, verify_artifacts
 from model.tokenizer import load_tokenizer
 from model.train import CHECKPOINT, load_checkpoint
 
@@ -27,6 +28,8 @@ def sha256(path: Path) -> str:
 
 
 def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
+    """Writes every artifact; the ParityReport is eager/TorchScript/ONNX (the gate), the manifest also
+    carries the int8/fp16 figures."""
     model_dir = Path(model_dir)
     model, summary = load_checkpoint(model_dir / CHECKPOINT)
     tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
@@ -38,8 +41,12 @@ def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
     export_torchscript(model, model_dir / TORCHSCRIPT_FILE)
     export_onnx(model, model_dir / ONNX_FILE)
     report = verify_artifacts(model_dir)
+    int8_choice = export_int8(model_dir, model.config.n_heads, model.config.d_model, model.config.max_len)
+    export_fp16(model_dir)
+    config = model.config
+    precision = precision_report(model_dir, config.vocab_size, config.pad_id, config.max_len)
 
-    files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE]
+    files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
     checkpoint_sha = sha256(model_dir / CHECKPOINT)
     manifest: dict[str, object] = {
         "model_id": "wordnet-encoder",
@@ -56,6 +63,7 @@ def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
         "files": {name: {"sha256": sha256(model_dir / name)} for name in files},
         "training": summary,
         "parity": report.to_dict(),
+        "precision": {**precision, "int8_build": int8_choice},
     }
     (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest, report

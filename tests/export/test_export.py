@@ -17,7 +17,13 @@ def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
     manifest = json.loads((tiny_artifacts / "manifest.json").read_text())
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == sha256(tiny_artifacts / name)
-    assert set(manifest["files"]) == {"model.onnx", "model.torchscript.pt", "tokenizer.json"}
+    assert set(manifest["files"]) == {
+        "model.onnx",
+        "model.torchscript.pt",
+        "tokenizer.json",
+        "model.int8.onnx",
+        "model.fp16.onnx",
+    }
     assert manifest["dim"] == 32 and manifest["max_length"] == 32
     assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["output"] == "embeddings"
     assert manifest["opset"] >= 18
@@ -98,3 +104,20 @@ def test_parity_report_catches_padding_leaks(tiny_training) -> None:
 
     report = verify({"eager": eager, "onnx": ignores_mask}, vocab_size=1000, pad_id=0, max_len=32)
     assert not report.passes()
+
+
+def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Path) -> None:
+    manifest = json.loads((tiny_artifacts / "manifest.json").read_text())
+    assert {"model.int8.onnx", "model.fp16.onnx"} <= set(manifest["files"])
+    int8 = manifest["precision"]["int8 vs fp32"]
+    assert int8["mean_cosine"] >= 0.99 and int8["passes"] is True
+    assert int8["worst_row_cosine"] <= int8["mean_cosine"]
+    build = manifest["precision"]["int8_build"]
+    assert build["chosen"] in build["seconds_per_batch"] and build["timed_batch"] == [32, 32]
+    graph = onnx.load(str(tiny_artifacts / "model.int8.onnx")).graph
+    assert any(
+        node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node
+    )
+    fp16 = onnx.load(str(tiny_artifacts / "model.fp16.onnx")).graph
+    assert fp16.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # float32 out for clients
+    assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in fp16.initializer)

@@ -271,3 +271,14 @@ def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str
     assert json.loads(capsys.readouterr().out) == {"status": "SERVING"}
     assert main(["--target", served.target, "embed", ""]) == 1
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
+
+
+def test_server_serves_the_int8_model_when_asked(tiny_artifacts, reference) -> None:
+    server = ServerThread(server_config(tiny_artifacts, precision="int8"))
+    try:
+        with EmbeddingClient(server.target) as client:
+            assert client.info()["precision"] == "int8"
+            got = np.array(client.embed(["the cat sat on the mat"]).embeddings[0])
+        assert float(got @ unit(reference("the cat sat on the mat"))) > 0.99
+    finally:
+        server.stop()
