@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
-from export.torchscript import export_torchscript
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
+from export.torchscript import export_torchscript
 from export.verify import ParityReport, precision_report, verify_artifacts
 from model.tokenizer import load_tokenizer
 from model.train import CHECKPOINT, load_checkpoint
