@@ -56,5 +56,14 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy model export server
 
+LOADTEST_USERS ?= 32
+LOADTEST_SPAWN_RATE ?= 8
+LOADTEST_DURATION ?= 30s
+loadtest: setup $(ARTIFACTS)/model.onnx
+	$(PY) -m loadtest.run --model-dir $(ARTIFACTS) --users $(LOADTEST_USERS) --spawn-rate $(LOADTEST_SPAWN_RATE) --duration $(LOADTEST_DURATION)
+
+bench: setup $(ARTIFACTS)/model.onnx
+	$(PY) -m bench --model-dir $(ARTIFACTS)
+
 clean:
 	rm -rf $(ARTIFACTS) reports embedding .pytest_cache .mypy_cache .ruff_cache .hypothesis

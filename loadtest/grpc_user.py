@@ -1,0 +1,75 @@
+"""A Locust User for gRPC: every call goes to Locust's statistics with its time, size and status code."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# Locust runs users as gevent greenlets: grpc must be told before any channel exists.
+import grpc
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()
+
+from locust import User  # noqa: E402
+
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc  # noqa: E402
+
+
+class GrpcCallFailed(Exception):
+    """Shown in Locust's failure table as 'CODE: details', so failures group by status code."""
+
+    def __init__(self, code: grpc.StatusCode, details: str | None) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+class GrpcUser(User):
+    abstract = True
+    timeout = 30.0
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        target = (self.host or "localhost:50051").removeprefix("grpc://").removeprefix("http://")
+        self.channel = grpc.insecure_channel(target)
+        self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
+
+    def on_stop(self) -> None:
+        self.channel.close()
+
+    def _report(self, name: str, call: Callable[[], int]) -> None:
+        start = time.perf_counter()
+        size, error, code = 0, None, grpc.StatusCode.OK
+        try:
+            size = call()
+        except grpc.RpcError as e:
+            code = e.code()
+            error = GrpcCallFailed(code, e.details())
+        except GrpcCallFailed as e:
+            code, error = e.code, e
+        self.environment.events.request.fire(
+            request_type="grpc",
+            name=name,
+            response_time=(time.perf_counter() - start) * 1000,
+            response_length=size,
+            exception=error,
+            context={"grpc_code": code.name},
+        )
+
+    def embed(self, name: str, texts: list[str], truncate: bool = True) -> None:
+        request = embedding_pb2.EmbedRequest(inputs=texts, truncate=truncate)
+        self._report(name, lambda: self.stub.Embed(request, timeout=self.timeout).ByteSize())
+
+    def embed_stream(self, name: str, batches: list[list[str]]) -> None:
+        def requests() -> Iterator[embedding_pb2.EmbedRequest]:
+            for texts in batches:
+                yield embedding_pb2.EmbedRequest(inputs=texts, truncate=True)
+
+        def call() -> int:
+            responses = list(self.stub.EmbedStream(requests(), timeout=self.timeout))
+            if len(responses) != len(batches):
+                raise GrpcCallFailed(grpc.StatusCode.DATA_LOSS, f"{len(responses)} of {len(batches)} answered")
+            return sum(r.ByteSize() for r in responses)
+
+        self._report(name, call)

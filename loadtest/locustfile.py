@@ -1,0 +1,77 @@
+"""Locust load test for the embedding service.
+
+make loadtest                                  # starts a local server on artifacts/, 30 s, 32 users
+EMBED_TARGET=host:50051 make loadtest          # against a running service
+locust -f loadtest/locustfile.py --host localhost:50051   # Locust's web UI
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+from locust import between, events, task
+
+from loadtest.grpc_user import GrpcUser
+from loadtest.texts import load_pool
+
+POOL = load_pool(os.environ.get("WORDNET_DIR", "/usr/share/wordnet"))
+_environment: Any = None
+
+
+@events.init.add_listener
+def _keep_environment(environment: Any, **_: Any) -> None:
+    global _environment
+    _environment = environment
+
+
+@events.quit.add_listener
+def _write_summary(exit_code: int, **_: Any) -> None:
+    """Final per-task figures as JSON (Locust's CSV files can lag the last second of a run)."""
+    path = os.environ.get("LOADTEST_SUMMARY")
+    if not path or _environment is None:
+        return
+    stats = _environment.stats
+    entries = {e.name: e for e in stats.entries.values()}
+    summary = {
+        "exit_code": exit_code,
+        "tasks": {
+            name: {
+                "requests": e.num_requests,
+                "failures": e.num_failures,
+                "avg_response_bytes": e.avg_content_length,
+                "median_ms": e.median_response_time,
+                "p99_ms": e.get_response_time_percentile(0.99),
+            }
+            for name, e in entries.items()
+        },
+        "total": {"requests": stats.total.num_requests, "failures": stats.total.num_failures},
+        "errors": {str(err.error): err.occurrences for err in stats.errors.values()},
+    }
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=2)
+
+
+class EmbeddingUser(GrpcUser):
+    wait_time = between(0.0, 0.05)
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+
+    @task(6)
+    def single_short_text(self) -> None:
+        self.embed("Embed 1 short", [self.rng.choice(POOL.short + POOL.medium)])
+
+    @task(3)
+    def client_batch_of_8(self) -> None:
+        self.embed("Embed 8 mixed", POOL.mixed(self.rng, 8))
+
+    @task(1)
+    def long_texts(self) -> None:
+        self.embed("Embed 2 long", [self.rng.choice(POOL.long) for _ in range(2)])
+
+    @task(1)
+    def stream(self) -> None:
+        self.embed_stream("EmbedStream 5x2", [POOL.mixed(self.rng, 2) for _ in range(5)])

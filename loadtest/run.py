@@ -1,0 +1,136 @@
+"""`make loadtest`: headless Locust against EMBED_TARGET, or against a server it starts and stops.
+
+    python -m loadtest.run [--users 32] [--spawn-rate 8] [--duration 30s] [--reports reports]
+
+Writes Locust's CSV (reports/loadtest_*.csv) and HTML (reports/loadtest.html) reports, plus the
+final per-task figures (reports/loadtest_summary.json), and exits non-zero when any request failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_serving(target: str, timeout: float = 60) -> None:
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+            if status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{target} did not become SERVING within {timeout:.0f} s")
+
+
+@contextmanager
+def local_server(model_dir: str, extra: Sequence[str] = ()) -> Iterator[str]:
+    """`python -m server` on a free loopback port, stopped with SIGTERM afterwards."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "-1",
+            "--model-dir",
+            model_dir,
+            "--log-level",
+            "WARNING",
+            *extra,
+        ],
+        cwd=ROOT,
+    )
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_serving(target)
+        yield target
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def totals(reports: Path) -> tuple[int, int]:
+    summary = json.loads((reports / "loadtest_summary.json").read_text())
+    return summary["total"]["requests"], summary["total"]["failures"]
+
+
+def run_locust(target: str, users: int, spawn_rate: float, duration: str, reports: Path) -> int:
+    reports.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(ROOT / "loadtest" / "locustfile.py"),
+        "--headless",
+        "--host",
+        target,
+        "--users",
+        str(users),
+        "--spawn-rate",
+        str(spawn_rate),
+        "--run-time",
+        duration,
+        "--csv",
+        str(reports / "loadtest"),
+        "--html",
+        str(reports / "loadtest.html"),
+        "--only-summary",
+        "--stop-timeout",
+        "10",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOADTEST_SUMMARY": str(reports / "loadtest_summary.json")}
+    return subprocess.run(command, cwd=ROOT, env=env).returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=os.environ.get("EMBED_TARGET", ""), help="host:port; empty = start one")
+    parser.add_argument("--model-dir", default=os.environ.get("EMBED_MODEL_DIR", "artifacts"))
+    parser.add_argument("--users", type=int, default=32)
+    parser.add_argument("--spawn-rate", type=float, default=8)
+    parser.add_argument("--duration", default="30s")
+    parser.add_argument("--reports", type=Path, default=ROOT / "reports")
+    args = parser.parse_args(argv)
+    if args.target:
+        code = run_locust(args.target, args.users, args.spawn_rate, args.duration, args.reports)
+    else:
+        with local_server(args.model_dir) as target:
+            code = run_locust(target, args.users, args.spawn_rate, args.duration, args.reports)
+    requests, failures = totals(args.reports)
+    print(f"loadtest: {requests} requests, {failures} failed; reports in {args.reports}")
+    if requests == 0:
+        return 1
+    return 1 if failures else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

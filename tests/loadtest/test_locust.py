@@ -1,0 +1,54 @@
+"""A short real Locust run (the same command `make loadtest` runs) against a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from loadtest.run import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def summary(reports: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((reports / "loadtest_summary.json").read_text())
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadtest.run", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_short_locust_run_exercises_every_task_without_failures(tiny_artifacts: Path, tmp_path: Path) -> None:
+    done = run(
+        "--model-dir",
+        str(tiny_artifacts),
+        "--users",
+        "4",
+        "--spawn-rate",
+        "4",
+        "--duration",
+        "5s",
+        "--reports",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tasks = summary(tmp_path)["tasks"]
+    for task in ("Embed 1 short", "Embed 8 mixed", "Embed 2 long", "EmbedStream 5x2"):
+        assert tasks[task]["requests"] > 0 and tasks[task]["failures"] == 0, task
+    # response sizes are reported: 8 embeddings of 32 floats outweigh 1
+    assert tasks["Embed 8 mixed"]["avg_response_bytes"] > 4 * tasks["Embed 1 short"]["avg_response_bytes"] > 0
+    assert (tmp_path / "loadtest.html").stat().st_size > 1000
+    assert (tmp_path / "loadtest_stats.csv").is_file()
+
+
+def test_failed_calls_show_as_failures_and_fail_the_run(tmp_path: Path) -> None:
+    nobody = f"127.0.0.1:{free_port()}"  # nothing listens there: every call is UNAVAILABLE
+    done = run("--target", nobody, "--users", "2", "--spawn-rate", "2", "--duration", "2s", "--reports", str(tmp_path))
+    assert done.returncode != 0
+    result = summary(tmp_path)
+    assert result["total"]["failures"] == result["total"]["requests"] > 0
+    assert all(error.startswith("UNAVAILABLE: ") for error in result["errors"]), result["errors"]
