@@ -54,7 +54,7 @@ test: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy model export server
+	$(PY) -m mypy model export server bench loadtest
 
 LOADTEST_USERS ?= 32
 LOADTEST_SPAWN_RATE ?= 8

@@ -128,6 +128,7 @@ class EmbeddingServer:
             max_batch_size=self.config.max_batch_size,
             max_queue_tokens=self.config.max_queue_tokens,
             max_delay=self.config.max_delay_seconds,
+            max_padding_ratio=self.config.max_padding_ratio,
         )
         self.batcher = Batcher(loaded.runtime.run_rows, policy, observer=self.metrics)
         self.metrics.queue_capacity_tokens.set(policy.max_queue_tokens)

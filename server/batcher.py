@@ -8,7 +8,7 @@ errors. Policy (see docs/architecture.md):
   (items x longest item, as TEI counts for padded backends);
 * the oldest waiting item is always in the next batch (no starvation); around it, the batch is
   filled from the oldest ``sort_window`` items in length order, taking whichever neighbour adds
-  the least padding;
+  the least padding, as long as padding stays under ``max_padding_ratio`` of the batch;
 * when the backend is idle, a batch leaves at once (or after ``max_delay`` counted from the arrival
   of its oldest item); while a batch runs, the next one fills;
 * admission: a request whose tokens would push the queue past ``max_queue_tokens`` is refused whole
@@ -42,10 +42,15 @@ class BatchPolicy:
     max_queue_tokens: int = 65536
     max_delay: float = 0.0  # seconds
     sort_window: int = 512  # items, oldest first, considered when forming a batch
+    length_sorted: bool = True  # False: plain FIFO up to the limits (the benchmark's baseline)
+    # Padding may be at most this share of a batch's padded tokens; items that would push it higher wait
+    # for the next batch (which follows at once). On padded backends compute grows with items x longest,
+    # so splitting mixed lengths costs one more call but saves far more compute.
+    max_padding_ratio: float = 0.15
 
     def __post_init__(self) -> None:
         assert self.max_batch_tokens >= 1 and self.max_batch_size >= 1 and self.max_queue_tokens >= 1
-        assert self.sort_window >= 1 and self.max_delay >= 0
+        assert self.sort_window >= 1 and self.max_delay >= 0 and 0.0 <= self.max_padding_ratio <= 1.0
 
 
 class BatchObserver:
@@ -246,32 +251,49 @@ class Batcher:
         self._drop_dead()
         if not self._queue:
             return []
+        if not self.policy.length_sorted:
+            return self._take_fifo()
         window = self._queue[: self.policy.sort_window]
         by_length = sorted(range(len(window)), key=lambda i: (window[i].length, i))
-        oldest = by_length.index(0)
-        lo = hi = oldest
-        longest = window[0].length
+        lo = hi = by_length.index(0)  # the oldest item's place in length order
+        longest = real = window[0].length
         count = 1
-        limit_items, limit_tokens = self.policy.max_batch_size, self.policy.max_batch_tokens
-        while count < limit_items:
-            left = window[by_length[lo - 1]].length if lo > 0 else None
-            right = window[by_length[hi + 1]].length if hi + 1 < len(by_length) else None
-            # Padding each choice adds: a shorter item pads itself, a longer one pads all the others.
-            left_waste = longest - left if left is not None and (count + 1) * longest <= limit_tokens else None
-            right_waste = (
-                (right - longest) * count if right is not None and (count + 1) * right <= limit_tokens else None
-            )
-            if left_waste is None and right_waste is None:
+
+        def padding_added(length: int) -> int | None:
+            """Padding one more item adds, or None if it breaks a limit or the padding-ratio cap."""
+            new_longest = max(longest, length)
+            padded = (count + 1) * new_longest
+            if count + 1 > self.policy.max_batch_size or padded > self.policy.max_batch_tokens:
+                return None
+            if padded - (real + length) > self.policy.max_padding_ratio * padded:
+                return None
+            return padded - count * longest - length  # a longer item pads every item already in
+
+        while True:
+            left = padding_added(window[by_length[lo - 1]].length) if lo > 0 else None
+            right = padding_added(window[by_length[hi + 1]].length) if hi + 1 < len(by_length) else None
+            if left is None and right is None:
                 break
-            if right_waste is None or (left_waste is not None and left_waste <= right_waste):
+            if right is None or (left is not None and left <= right):
                 lo -= 1
+                added = window[by_length[lo]]
             else:
                 hi += 1
-                longest = max(longest, window[by_length[hi]].length)
-            count += 1
+                added = window[by_length[hi]]
+            longest, real, count = max(longest, added.length), real + added.length, count + 1
         chosen = {by_length[i] for i in range(lo, hi + 1)}
         batch = [window[i] for i in sorted(chosen)]
         self._queue = [item for i, item in enumerate(window) if i not in chosen] + self._queue[len(window) :]
+        self._queued_tokens -= real
+        return batch
+
+    def _take_fifo(self) -> list[_Item]:
+        count, longest = 0, 0
+        for item in self._queue[: self.policy.max_batch_size]:
+            if count and (count + 1) * max(longest, item.length) > self.policy.max_batch_tokens:
+                break
+            count, longest = count + 1, max(longest, item.length)
+        batch, self._queue = self._queue[:count], self._queue[count:]
         self._queued_tokens -= sum(item.length for item in batch)
         return batch
 

@@ -23,6 +23,7 @@ class ServerConfig:
     precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
     max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item
     max_batch_size: int = 128  # items per batch
+    max_padding_ratio: float = 0.15  # most of a batch that may be padding; longer/shorter items wait
     max_delay_ms: float = 0.0  # how long a batch may wait to fill while the backend is idle
     max_queue_tokens: int = 65536  # queued real tokens beyond which requests are refused (RESOURCE_EXHAUSTED)
     max_client_batch_size: int = 64  # inputs per request
@@ -42,6 +43,8 @@ class ServerConfig:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_client_batch_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
+        if not 0.0 <= self.max_padding_ratio <= 1.0:
+            problems.append("max_padding_ratio must be between 0 and 1")
         if self.max_delay_ms < 0 or self.grace_seconds < 0:
             problems.append("max_delay_ms and grace_seconds must not be negative")
         if problems:

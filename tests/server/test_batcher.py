@@ -91,7 +91,8 @@ def test_oldest_item_is_always_in_the_next_batch() -> None:
 def test_a_request_is_split_across_batches_and_reassembled_in_order() -> None:
     async def run() -> tuple[np.ndarray, FakeRuntime]:
         runtime = FakeRuntime(hold_first=False)
-        batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=1000, max_batch_size=3, max_queue_tokens=10_000))
+        policy = BatchPolicy(max_batch_tokens=1000, max_batch_size=3, max_queue_tokens=10_000, max_padding_ratio=1.0)
+        batcher = Batcher(runtime, policy)
         batcher.start()
         result = await batcher.submit([row(n, tag=100 + i) for i, n in enumerate([9, 1, 5, 1, 9, 3, 7])])
         await batcher.close()
@@ -207,3 +208,47 @@ def test_max_delay_lets_a_batch_fill_at_low_load() -> None:
 
     assert len(asyncio.run(run(0.0))) == 3  # idle backend: each request leaves at once
     assert len(asyncio.run(run(0.2))) == 1  # a fill window gathers the three
+
+
+def test_fifo_policy_takes_items_in_arrival_order_within_the_budget() -> None:
+    async def run() -> FakeRuntime:
+        runtime = FakeRuntime()
+        policy = BatchPolicy(max_batch_tokens=60, max_batch_size=4, max_queue_tokens=10_000, length_sorted=False)
+        batcher = Batcher(runtime, policy)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([row(1)]))
+        await settle()
+        tasks = [asyncio.create_task(batcher.submit([row(n)])) for n in [2, 30, 3, 29, 4, 28]]
+        await settle()
+        runtime.release.set()
+        await asyncio.gather(first, *tasks)
+        await batcher.close()
+        return runtime
+
+    runtime = asyncio.run(run())
+    assert runtime.batches[1:] == [[2, 30], [3, 29], [4, 28]]  # arrival order; 3 x 30 would pass 60
+
+
+def test_padding_cap_splits_mixed_lengths_even_when_all_would_fit() -> None:
+    async def run(ratio: float) -> list[list[int]]:
+        runtime = FakeRuntime()
+        policy = BatchPolicy(
+            max_batch_tokens=10_000, max_batch_size=64, max_queue_tokens=10_000, max_padding_ratio=ratio
+        )
+        batcher = Batcher(runtime, policy)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([row(1)]))
+        await settle()
+        lengths = [4, 5, 4, 100, 96, 98, 30, 31, 29]
+        tasks = [asyncio.create_task(batcher.submit([row(n)])) for n in lengths]
+        await settle()
+        runtime.release.set()
+        await asyncio.gather(first, *tasks)
+        await batcher.close()
+        return runtime.batches[1:]
+
+    capped = asyncio.run(run(0.15))
+    assert sorted(sorted(b) for b in capped) == [[4, 4, 5], [29, 30, 31], [96, 98, 100]]
+    for batch in capped:
+        assert len(batch) * max(batch) - sum(batch) <= 0.15 * len(batch) * max(batch)
+    assert asyncio.run(run(1.0)) == [[4, 5, 4, 100, 96, 98, 30, 31, 29]]  # no cap: one batch, 60% padding

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embedding.v1 import embedding_pb2
 from server.client import AsyncEmbeddingClient, EmbeddingClient
-from tests.server.conftest import SENTENCES, ServerThread, request, server_config
+from tests.conftest import SENTENCES, ServerThread, request, server_config
 
 LONG_TEXT = " ".join(["photosynthesis of the chlorophyll"] * 20)  # far beyond the tiny model's 32 tokens
 

@@ -1,0 +1,167 @@
+"""`make bench`: every speed figure of the project, measured side by side in one run.
+
+    python -m bench [--model-dir artifacts] [--duration 8] [--out docs]
+
+Writes docs/benchmarks.md (tables, targets, machine and settings) and two plots. The README's speed
+claims come from that file only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from bench.measure import (
+    ModelShape,
+    load_sweep,
+    matmul_peak_flops,
+    median_seconds,
+    padding_waste,
+    per_batch_latency,
+    plan_batches,
+    time_batches,
+)
+from bench.report import write_report
+from loadtest.run import local_server
+from loadtest.texts import load_pool
+from server.batcher import BatchPolicy
+from server.config import ServerConfig
+from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
+from server.tokenize import TextTokenizer
+
+CONCURRENCY = (1, 8, 32, 64, 128)
+BATCH8_CONCURRENCY = (4, 16, 32)
+N_TEXTS = 3000
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def onnx_parameters(path: Path) -> int:
+    import onnx
+
+    return int(sum(np.prod(init.dims) for init in onnx.load(str(path)).graph.initializer))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=Path("artifacts"))
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds measured per concurrency level")
+    parser.add_argument("--out", type=Path, default=Path("docs"))
+    args = parser.parse_args(argv)
+    started = time.time()
+    threads = os.cpu_count() or 1
+    manifest = json.loads((args.model_dir / "manifest.json").read_text())
+    config = manifest["config"]
+    shape = ModelShape(config["n_layers"], config["d_model"], config["d_ff"])
+    defaults = ServerConfig()
+    policy = BatchPolicy(
+        defaults.max_batch_tokens,
+        defaults.max_batch_size,
+        defaults.max_queue_tokens,
+        max_padding_ratio=defaults.max_padding_ratio,
+    )
+
+    rng = random.Random(0)
+    pool = load_pool()
+    texts = pool.mixed(rng, N_TEXTS)
+    tokenizer = TextTokenizer(args.model_dir / "tokenizer.json")
+    rows = tokenizer.encode(texts, truncate=True).rows
+    runtime = OnnxRuntime(args.model_dir, RuntimeOptions(provider="cpu"), pad_id=manifest["pad_id"])
+    runtime.warm_up(tokenizer.max_length)
+    results: dict[str, object] = {}
+
+    print("1. ceiling: raw ONNX Runtime on the batcher's batches", flush=True)
+    batches = plan_batches(rows, policy)
+    seconds = time_batches(runtime, batches)
+    flops = sum(shape.flops(len(b), max(len(r) for r in b)) for b in batches)
+    padded_per_text = sum(len(b) * max(len(r) for r in b) for b in batches) / len(rows)
+    ceiling = {
+        "texts_per_second": len(rows) / seconds,
+        "batches": len(batches),
+        "mean_batch": len(rows) / len(batches),
+        "flops_per_second": flops / seconds,
+        "flops_per_text": flops / len(rows),
+        "padded_tokens_per_text": padded_per_text,
+        "real_tokens_per_text": sum(len(r) for r in rows) / len(rows),
+    }
+    results["ceiling"] = ceiling
+    print(f"  {ceiling['texts_per_second']:.0f} texts/s", flush=True)
+
+    print("raw single-text inference (one client's floor)", flush=True)
+    singles = [pad_rows([r], runtime.pad_id) for r in rows[:300]]
+    index = iter(range(10**9))
+    results["single_text_ms"] = 1000 * median_seconds(lambda: runtime.run(*singles[next(index) % len(singles)]), 300)
+    results["tokenize_one_ms"] = 1000 * median_seconds(lambda: tokenizer.encode([texts[0]], True), 200)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        texts_file = Path(tmp) / "texts.json"
+        texts_file.write_text(json.dumps(texts))
+        print("2. server with dynamic batching", flush=True)
+        with local_server(str(args.model_dir)) as target:
+            results["server"] = load_sweep(target, CONCURRENCY, texts_file, args.duration)
+            print("transport floor: Info RPCs, no model work", flush=True)
+            results["transport_floor"] = load_sweep(target, (32,), texts_file, args.duration, 0)[0]
+            print("2b. the same server, 8 texts per request", flush=True)
+            results["server_batch8"] = load_sweep(target, BATCH8_CONCURRENCY, texts_file, args.duration, 8)
+        print("3. server with --max-batch-size 1", flush=True)
+        with local_server(str(args.model_dir), ["--max-batch-size", "1"]) as target:
+            results["no_batching"] = load_sweep(target, CONCURRENCY, texts_file, args.duration)
+
+    print("4. padding waste: length-sorted token budget vs FIFO", flush=True)
+    fifo = replace(policy, length_sorted=False)
+    results["padding"] = {
+        f"c={c}": {"sorted": padding_waste(runtime, rows, policy, c), "fifo": padding_waste(runtime, rows, fifo, c)}
+        for c in (32, 128)
+    }
+    print(f"  {results['padding']}", flush=True)
+
+    print("5. per-batch latency: eager, TorchScript, ONNX Runtime fp32 and int8", flush=True)
+    batch_rows = rows[:32]
+    ids, mask = pad_rows(batch_rows, runtime.pad_id)
+    results["per_batch"] = {"shape": list(ids.shape), "seconds": per_batch_latency(args.model_dir, ids, mask, threads)}
+    print(f"  {results['per_batch']}", flush=True)
+
+    print("6. matmul peak", flush=True)
+    results["matmul_peak_flops"] = matmul_peak_flops(threads)
+
+    results["machine"] = {"cpu": cpu_name(), "cores": threads, "python": platform.python_version()}
+    results["model"] = {
+        "parameters": onnx_parameters(args.model_dir / "model.onnx"),
+        "config": config,
+        "int8_build": manifest.get("precision", {}).get("int8_build"),
+    }
+    results["settings"] = {
+        "max_batch_tokens": policy.max_batch_tokens,
+        "max_batch_size": policy.max_batch_size,
+        "max_queue_tokens": policy.max_queue_tokens,
+        "max_delay_ms": defaults.max_delay_ms,
+        "texts": N_TEXTS,
+        "duration_per_level_s": args.duration,
+    }
+    results["bench_seconds"] = time.time() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_report(results, args.out)
+    print(f"wrote {args.out / 'benchmarks.md'} in {results['bench_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

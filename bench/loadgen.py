@@ -1,0 +1,90 @@
+"""A light asyncio gRPC load generator, run as its own process by the benchmark.
+
+    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json
+
+Closed loop: each of `concurrency` workers sends one Embed request (one text, or --texts-per-request),
+waits for the answer, sends the next. Prints one JSON object: texts/s, latency percentiles (ms), errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+
+
+async def run(
+    target: str, concurrency: int, duration: float, warmup: float, texts: list[str], per_request: int = 1
+) -> dict[str, float]:
+    channel = grpc.aio.insecure_channel(target)
+    stub = embedding_pb2_grpc.EmbedderStub(channel)
+    latencies: list[float] = []
+    errors = 0
+    measuring = False
+    stop = False
+
+    async def worker(seed: int) -> None:
+        nonlocal errors
+        rng = random.Random(seed)
+        while not stop:
+            request = embedding_pb2.EmbedRequest(inputs=rng.sample(texts, per_request), truncate=True)
+            start = time.perf_counter()
+            try:
+                if per_request:
+                    await stub.Embed(request, timeout=30)
+                else:  # the transport's floor: an RPC that does no model work
+                    await stub.Info(embedding_pb2.InfoRequest(), timeout=30)
+                if measuring:
+                    latencies.append(time.perf_counter() - start)
+            except grpc.aio.AioRpcError:
+                errors += 1
+
+    workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
+    await asyncio.sleep(warmup)
+    measuring = True
+    started = time.perf_counter()
+    await asyncio.sleep(duration)
+    measuring = False
+    elapsed = time.perf_counter() - started
+    stop = True
+    await asyncio.gather(*workers)
+    await channel.close()
+    ms = np.array(latencies) * 1000
+    return {
+        "concurrency": concurrency,
+        "texts_per_request": per_request,
+        "texts_per_second": len(latencies) * per_request / elapsed,
+        "requests_per_second": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
+        "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
+        "requests": len(latencies),
+        "errors": errors,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--texts", required=True, help="JSON list of texts")
+    parser.add_argument("--texts-per-request", type=int, default=1, help="0: call Info instead (no model work)")
+    args = parser.parse_args(argv)
+    with open(args.texts) as f:
+        texts = json.load(f)
+    result = asyncio.run(run(args.target, args.concurrency, args.duration, args.warmup, texts, args.texts_per_request))
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

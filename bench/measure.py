@@ -1,0 +1,177 @@
+"""The benchmark's measurements. Each returns plain numbers; bench/__main__.py runs them in one go."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from server.batcher import Batcher, BatchObserver, BatchPolicy
+from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    d_model: int
+    d_ff: int
+
+    def flops(self, batch: int, sequence: int) -> float:
+        """Forward FLOPs of one padded batch (2 per multiply-add): projections, feed-forward, attention."""
+        per_token = self.layers * (8 * self.d_model**2 + 4 * self.d_model * self.d_ff)
+        attention = self.layers * 4 * sequence * sequence * self.d_model  # QK^T and weights @ V
+        return batch * (sequence * per_token + attention)
+
+
+class BatchRecorder(BatchObserver):
+    def __init__(self) -> None:
+        self.real = 0
+        self.padded = 0
+        self.sizes: list[int] = []
+
+    def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None:
+        self.real += real_tokens
+        self.padded += padded_tokens
+        self.sizes.append(items)
+
+    @property
+    def waste(self) -> float:
+        return (self.padded - self.real) / self.padded
+
+
+def plan_batches(rows: Sequence[np.ndarray], policy: BatchPolicy) -> list[list[np.ndarray]]:
+    """The batches the server's batcher forms when every row is queued at once (a full queue)."""
+    batches: list[list[np.ndarray]] = []
+
+    def record(batch: Sequence[np.ndarray]) -> np.ndarray:
+        batches.append(list(batch))
+        return np.zeros((len(batch), 1), dtype=np.float32)
+
+    async def run() -> None:
+        roomy = replace(policy, max_queue_tokens=10**9)
+        batcher = Batcher(record, roomy)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit([r]) for r in rows))
+        await batcher.close()
+
+    asyncio.run(run())
+    return batches
+
+
+def time_batches(runtime: OnnxRuntime, batches: list[list[np.ndarray]], repeats: int = 3) -> float:
+    """Best wall time of running every batch back to back (inputs padded beforehand)."""
+    padded = [pad_rows(b, runtime.pad_id) for b in batches]
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for ids, mask in padded:
+            runtime.run(ids, mask)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: BatchPolicy, concurrency: int) -> float:
+    """Closed-loop traffic through the real batcher and ONNX Runtime: padded share of computed tokens."""
+    recorder = BatchRecorder()
+
+    async def run() -> None:
+        batcher = Batcher(runtime.run_rows, policy, observer=recorder)
+        batcher.start()
+        queue = list(rows)
+
+        async def client() -> None:
+            while queue:
+                await batcher.submit([queue.pop()])
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await batcher.close()
+
+    asyncio.run(run())
+    return recorder.waste
+
+
+def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def per_batch_latency(model_dir: Path, ids: np.ndarray, mask: np.ndarray, threads: int) -> dict[str, float]:
+    """Median seconds for one padded batch: eager PyTorch, TorchScript, ONNX Runtime fp32 and int8."""
+    import torch
+
+    from export.torchscript import load_torchscript
+    from model.train import load_checkpoint
+
+    torch.set_num_threads(threads)
+    model, _ = load_checkpoint(model_dir / "checkpoint.pt")
+    scripted = load_torchscript(model_dir / "model.torchscript.pt")
+    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    results = {}
+    with torch.inference_mode():
+        results["eager PyTorch"] = median_seconds(lambda: model(t_ids, t_mask))
+        results["TorchScript"] = median_seconds(lambda: scripted(t_ids, t_mask))
+    for precision in ("fp32", "int8"):
+        runtime = OnnxRuntime(model_dir, RuntimeOptions(provider="cpu", precision=precision), pad_id=0)
+        results[f"ONNX Runtime {precision}"] = median_seconds(lambda r=runtime: r.run(ids, mask))
+    return results
+
+
+def matmul_peak_flops(threads: int, n: int = 2048) -> float:
+    """This machine's measured fp32 matrix-multiply rate (FLOP/s) with the given threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / median_seconds(lambda: a @ b, repeats=10)
+
+
+def load_sweep(  # type: ignore[type-arg]
+    target: str, concurrencies: Sequence[int], texts_file: Path, duration: float, per_request: int = 1
+) -> list[dict]:
+    results = []
+    for concurrency in concurrencies:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.loadgen",
+                "--target",
+                target,
+                "--concurrency",
+                str(concurrency),
+                "--duration",
+                str(duration),
+                "--texts",
+                str(texts_file),
+                "--texts-per-request",
+                str(per_request),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        results.append(json.loads(done.stdout))
+        last = results[-1]
+        print(
+            f"  c={concurrency} x {per_request} texts: {last['texts_per_second']:.0f} texts/s, "
+            f"{last['requests_per_second']:.0f} requests/s, "
+            f"p50 {last['p50_ms']:.2f} ms, p99 {last['p99_ms']:.2f} ms, errors {last['errors']}",
+            flush=True,
+        )
+    return results

@@ -1,0 +1,217 @@
+"""Turns the benchmark's figures into docs/benchmarks.md, docs/benchmarks.json and two PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _at(sweep: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    return next(r for r in sweep if r["concurrency"] == concurrency)
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
+    """(target, measured, bar, met) rows."""
+    best = max(s["texts_per_second"] for s in r["server"] + r["server_batch8"])
+    best_single = max(s["texts_per_second"] for s in r["server"])
+    ceiling = r["ceiling"]["texts_per_second"]
+    batched32 = _at(r["server"], 32)["texts_per_second"]
+    single32 = _at(r["no_batching"], 32)["texts_per_second"]
+    waste = r["padding"]["c=128"]["sorted"]
+    p50_one = _at(r["server"], 1)["p50_ms"]
+    floor = r["single_text_ms"]
+    per_batch = r["per_batch"]["seconds"]
+    fp32_vs_eager = per_batch["eager PyTorch"] / per_batch["ONNX Runtime fp32"]
+    int8_vs_fp32 = per_batch["ONNX Runtime fp32"] / per_batch["ONNX Runtime int8"]
+    return [
+        (
+            "server saturation vs raw ONNX Runtime ceiling",
+            f"{best / ceiling:.0%} ({best:.0f} of {ceiling:.0f} texts/s; single-text requests: {best_single / ceiling:.0%})",
+            ">= 80% (stretch 90%)",
+            best / ceiling >= 0.8,
+        ),
+        (
+            "dynamic batching vs --max-batch-size 1 at 32 clients",
+            f"{batched32 / single32:.2f}x",
+            ">= 3x",
+            batched32 / single32 >= 3,
+        ),
+        (
+            "padding waste with length sorting (128 clients)",
+            f"{waste:.1%} (FIFO: {r['padding']['c=128']['fifo']:.1%})",
+            "<= 15%",
+            waste <= 0.15,
+        ),
+        (
+            "p50 at one client vs raw single-text inference",
+            f"{p50_one:.2f} ms vs {floor:.2f} ms (+{p50_one - floor:.2f} ms)",
+            "<= raw + 2 ms",
+            p50_one <= floor + 2,
+        ),
+        ("ONNX Runtime fp32 vs eager PyTorch per batch", f"{fp32_vs_eager:.2f}x", ">= 1.3x", fp32_vs_eager >= 1.3),
+        ("ONNX Runtime int8 vs fp32 per batch", f"{int8_vs_fp32:.2f}x", ">= 1.8x", int8_vs_fp32 >= 1.8),
+    ]
+
+
+def plot(r: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for key, label, file in (
+        ("texts_per_second", "texts/s", "bench_throughput.png"),
+        ("p99_ms", "p99 latency (ms)", "bench_p99.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for sweep, name in ((r["server"], "dynamic batching"), (r["no_batching"], "--max-batch-size 1")):
+            ax.plot([s["concurrency"] for s in sweep], [s[key] for s in sweep], marker="o", label=name)
+        if key == "texts_per_second":
+            ax.axhline(r["ceiling"]["texts_per_second"], color="grey", linestyle="--", label="raw ONNX Runtime ceiling")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients (single-text requests)")
+        ax.set_ylabel(label)
+        ax.set_title(f"Embedding server: {label} against concurrency")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / file, dpi=100)
+        plt.close(fig)
+
+
+def write_report(r: dict[str, Any], out: Path) -> None:
+    (out / "benchmarks.json").write_text(json.dumps(r, indent=2) + "\n")
+    plot(r, out)
+    m, s, c = r["machine"], r["settings"], r["model"]["config"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Produced by `make bench` (`python -m bench`) in one run; every figure below was measured side by side",
+        "on the machine named here. Raw numbers: `docs/benchmarks.json`. Do not edit by hand: rerun.",
+        "",
+        f"- **Machine**: {m['cpu']}, {m['cores']} cores, no GPU; Python {m['python']}; "
+        f"benchmark took {r['bench_seconds']:.0f} s.",
+        f"- **Model**: {r['model']['parameters'] / 1e6:.2f} M parameters, {c['n_layers']} layers, d_model {c['d_model']}, {c['n_heads']} heads, d_ff {c['d_ff']}, "
+        f"max length {c['max_len']}, vocabulary {c['vocab_size']}.",
+        f"- **Server settings** (defaults): max batch tokens {s['max_batch_tokens']}, max batch size {s['max_batch_size']}, "
+        f"max queue tokens {s['max_queue_tokens']}, max delay {s['max_delay_ms']} ms; CPU execution provider, fp32.",
+        f"- **Traffic**: {s['texts']} held-out WordNet texts in a realistic length mix (lemmas, sentences, definitions, "
+        f"~120-token passages): {r['ceiling']['real_tokens_per_text']:.1f} tokens per text on average. Load: a separate "
+        f"asyncio gRPC process, closed loop, one text per request, {s['duration_per_level_s']:.0f} s per level after warm-up.",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | bar | met |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {t} | {v} | {bar} | {'yes' if ok else '**no**'} |" for t, v, bar, ok in targets(r)]
+    lines += [
+        "",
+        "## 1-3. Throughput and latency against concurrency",
+        "",
+        f"Ceiling: raw ONNX Runtime in-process, running the batches the server's batcher forms from a full queue "
+        f"({r['ceiling']['batches']} batches, {r['ceiling']['mean_batch']:.1f} texts each): "
+        f"**{r['ceiling']['texts_per_second']:.0f} texts/s**. Raw single-text inference: {r['single_text_ms']:.2f} ms "
+        f"(tokenizing one text: {r['tokenize_one_ms']:.3f} ms).",
+        "",
+        "| clients | batching: texts/s | p50 ms | p99 ms | of ceiling | --max-batch-size 1: texts/s | p50 ms | p99 ms | batching gain |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b, n in zip(r["server"], r["no_batching"], strict=True):
+        lines.append(
+            f"| {b['concurrency']} | {b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | "
+            f"{b['texts_per_second'] / r['ceiling']['texts_per_second']:.0%} | {n['texts_per_second']:.0f} | "
+            f"{n['p50_ms']:.2f} | {n['p99_ms']:.2f} | {b['texts_per_second'] / n['texts_per_second']:.2f}x |"
+        )
+    errors = sum(x["errors"] for x in r["server"] + r["no_batching"] + r["server_batch8"])
+    lines += [
+        "",
+        "The same batching server with 8 texts per request (client-side batches, as embedding clients usually send):",
+        "",
+        "| clients | texts/s | p50 ms (request) | p99 ms (request) | of ceiling |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for b in r["server_batch8"]:
+        lines.append(
+            f"| {b['concurrency']} | {b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | "
+            f"{b['texts_per_second'] / r['ceiling']['texts_per_second']:.0%} |"
+        )
+    lines += [
+        "",
+        f"Errors during the sweeps: {errors}.",
+        "",
+        "![throughput](bench_throughput.png) ![p99](bench_p99.png)",
+        "",
+        "## 4. Padding waste",
+        "",
+        "Share of computed (padded) tokens that are padding, same traffic through the real batcher and ONNX Runtime,",
+        "closed loop in-process:",
+        "",
+        "| clients | length-sorted token budget | plain FIFO |",
+        "|---:|---:|---:|",
+    ]
+    for level, p in r["padding"].items():
+        lines.append(f"| {level.removeprefix('c=')} | {p['sorted']:.1%} | {p['fifo']:.1%} |")
+    pb = r["per_batch"]
+    eager = pb["seconds"]["eager PyTorch"]
+    lines += [
+        "",
+        f"## 5. Per-batch latency (one batch of {pb['shape'][0]} texts padded to {pb['shape'][1]} tokens, median)",
+        "",
+        "| backend | ms per batch | speed-up vs eager |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {sec * 1000:.2f} | {eager / sec:.2f}x |" for name, sec in pb["seconds"].items()]
+    build = r["model"].get("int8_build") or {}
+    if build:
+        lines += [
+            "",
+            f"int8 build kept by `make export`: `{build.get('chosen')}` (timed: {build.get('seconds_per_batch')}).",
+        ]
+    best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
+    achieved = best * r["ceiling"]["flops_per_text"]
+    gain32, gain128 = (
+        _at(r["server"], c)["texts_per_second"] / _at(r["no_batching"], c)["texts_per_second"] for c in (32, 128)
+    )
+    lines += [
+        "",
+        "## 6. Achieved FLOP/s",
+        "",
+        f"Forward FLOPs per batch = batch x (T x layers x (8 d^2 + 4 d d_ff) + layers x 4 T^2 d), counted on padded "
+        f"shapes: {r['ceiling']['flops_per_text'] / 1e6:.2f} MFLOP per text here "
+        f"({r['ceiling']['padded_tokens_per_text']:.1f} padded tokens per text).",
+        "",
+        "| | GFLOP/s | of matmul peak |",
+        "|---|---:|---:|",
+        f"| measured fp32 matmul peak (torch, 2048^2, {m['cores']} threads) | {r['matmul_peak_flops'] / 1e9:.1f} | 100% |",
+        f"| raw ONNX Runtime ceiling | {r['ceiling']['flops_per_second'] / 1e9:.1f} | "
+        f"{r['ceiling']['flops_per_second'] / r['matmul_peak_flops']:.0%} |",
+        f"| server at saturation | {achieved / 1e9:.1f} | {achieved / r['matmul_peak_flops']:.0%} |",
+        "",
+        "## What limits it",
+        "",
+        f"- **Per-request CPU cost of Python gRPC on 2 shared cores.** An RPC that does no model work (`Info`) tops out at "
+        f"{r['transport_floor']['requests_per_second']:.0f} requests/s at 32 clients on this machine, with the load "
+        "generator on the same two cores. A single-text `Embed` adds tokenization, two thread hops (tokenizer pool, "
+        "inference thread), the batcher and a 128-float response on top, so single-text traffic saturates the CPU on "
+        "per-request work long before ONNX Runtime is busy: that is why single-text throughput stays well under the "
+        f"ceiling and why batching gains only {gain32:.1f}x (32 clients) to {gain128:.1f}x (128 clients) there "
+        "(without batching the same per-request cost is paid, plus "
+        "one ONNX Runtime call per text). With 8 texts per request the per-request cost is shared and the server gets "
+        "much closer to the ceiling.",
+        "- The ceiling itself runs ONNX Runtime alone on both cores with no gRPC, no tokenization and no load "
+        "generator beside it; the server can never have all of that.",
+        "- The model is tiny (d_model 128): each matmul is small, so per-op overhead and the softmax/LayerNorm/"
+        "element-wise work weigh more than the FLOP count suggests; the ceiling reaches only part of the matmul peak.",
+        "- int8: dynamic quantization speeds up the matmuls (the weights), but activations are quantized at run time "
+        "and attention, softmax and LayerNorm stay fp32; with d_model 128 those parts are a large share of the time, "
+        "so the gain is below 1.8x. The ONNX Runtime transformer optimizer's fusions do not match this hand-written "
+        "attention, and its variant measured slower, so `make export` keeps plain quantization.",
+        "",
+        "## GPU",
+        "",
+        "No GPU was available to the session that produced this file; the CUDA execution provider path",
+        "(`--provider cuda`, `--precision fp16`) is therefore not measured here.",
+        "",
+    ]
+    (out / "benchmarks.md").write_text("\n".join(lines))
