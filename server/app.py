@@ -20,13 +20,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from embedding.v1 import embedding_pb2
+from server.auth import BearerTokenInterceptor, server_credentials
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
 from server.metrics import Metrics
 from server.pipeline import Limits, Pipeline
 from server.runtime import OnnxRuntime, RuntimeOptions
-from server.service import SERVICE_NAME, EmbedderService, ModelInfo, ServingState
+from server.service import SERVICE_NAME, EmbedderService, ModelInfo, ServingState, add_to_server, status_for
 from server.tokenize import TextTokenizer
 
 log = logging.getLogger("server")
@@ -79,11 +80,21 @@ class EmbeddingServer:
         self.port = 0
         self.metrics_port = 0
         self._metrics_http: object | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        interceptors = []
+        token = config.bearer_token()
+        if token:
+            interceptors.append(
+                BearerTokenInterceptor(
+                    token, f"/{SERVICE_NAME}/", status_for, lambda: self.metrics.rejected("unauthenticated")
+                )
+            )
         self.grpc_server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
-            ]
+            ],
         )
         batching = embedding_pb2.InfoResponse(
             max_batch_tokens=config.max_batch_tokens,
@@ -92,8 +103,8 @@ class EmbeddingServer:
             max_queue_tokens=config.max_queue_tokens,
             max_delay_seconds=config.max_delay_seconds,
         )
-        self.service = EmbedderService(self.state, self.metrics, batching)
-        embedding_pb2_grpc.add_EmbedderServicer_to_server(self.service, self.grpc_server)
+        self.service = EmbedderService(self.state, self.metrics, batching, config.max_streams)
+        add_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
@@ -103,9 +114,24 @@ class EmbeddingServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
+    def _backend_health(self, healthy: bool) -> None:
+        """Called by the batcher when the backend starts or stops failing every batch."""
+        if healthy:
+            log.info("backend recovered: SERVING")
+        else:
+            log.error("backend failing every batch: NOT_SERVING until a batch succeeds")
+        task = asyncio.get_running_loop().create_task(self._set_health(SERVING if healthy else NOT_SERVING))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def start(self) -> int:
         await self._set_health(NOT_SERVING)
-        self.port = self.grpc_server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        if self.config.tls_cert:
+            credentials = server_credentials(self.config.tls_cert, self.config.tls_key, self.config.tls_client_ca)
+            self.port = self.grpc_server.add_secure_port(address, credentials)
+        else:
+            self.port = self.grpc_server.add_insecure_port(address)
         await self.grpc_server.start()
         if self.config.metrics_port >= 0:
             self._metrics_http, self.metrics_port = self.metrics.serve(
@@ -130,7 +156,9 @@ class EmbeddingServer:
             max_delay=self.config.max_delay_seconds,
             max_padding_ratio=self.config.max_padding_ratio,
         )
-        self.batcher = Batcher(loaded.runtime.run_rows, policy, observer=self.metrics)
+        self.batcher = Batcher(
+            loaded.runtime.run_rows, policy, observer=self.metrics, on_backend_health=self._backend_health
+        )
         self.metrics.queue_capacity_tokens.set(policy.max_queue_tokens)
         self.batcher.start()
         limits = Limits(self.config.max_client_batch_size, self.config.max_input_chars)

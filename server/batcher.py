@@ -107,6 +107,8 @@ class Batcher:
         policy: BatchPolicy,
         observer: BatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_backend_health: Callable[[bool], None] | None = None,
+        unhealthy_after: int = 5,
     ) -> None:
         self.run_batch = run_batch  # public so tests and fault injection can wrap it
         self.policy = policy
@@ -122,6 +124,10 @@ class Batcher:
         self._batch_counter = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
+        # A backend that fails every batch is reported unhealthy (health NOT_SERVING) until one succeeds.
+        self._on_backend_health = on_backend_health
+        self._unhealthy_after = unhealthy_after
+        self._consecutive_failures = 0
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -315,6 +321,9 @@ class Batcher:
         except Exception as e:  # one bad batch must not take the server down
             log.exception("inference failed for a batch of %d items", len(batch))
             self._observer.batch_finished(self._clock() - started, ok=False)
+            self._consecutive_failures += 1
+            if self._consecutive_failures == self._unhealthy_after and self._on_backend_health:
+                self._on_backend_health(False)
             for item in batch:
                 if not item.request.future.done():
                     item.request.future.set_exception(
@@ -325,6 +334,9 @@ class Batcher:
             self._in_flight = 0
         seconds = self._clock() - started
         self._observer.batch_finished(seconds, ok=True)
+        if self._consecutive_failures >= self._unhealthy_after and self._on_backend_health:
+            self._on_backend_health(True)
+        self._consecutive_failures = 0
         for row, item in zip(output, batch, strict=True):
             request = item.request
             if request.future.done():

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -53,20 +56,53 @@ def info_dict(response: embedding_pb2.InfoResponse) -> dict[str, object]:
     return {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
 
 
+@dataclass(frozen=True)
+class Security:
+    """How to reach a server started with TLS, mutual TLS and/or a bearer token (all optional)."""
+
+    tls_ca: str = ""  # PEM CA that signed the server's certificate; set = use TLS
+    tls_cert: str = ""  # client certificate, for mutual TLS
+    tls_key: str = ""  # its key
+    token: str = ""  # bearer token
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not (self.tls_ca or self.tls_cert):
+            return None
+
+        def read(path: str) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        return grpc.ssl_channel_credentials(read(self.tls_ca), read(self.tls_key), read(self.tls_cert))
+
+    def metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {self.token}")] if self.token else []
+
+
+def _channel(target: str, security: Security, aio: bool) -> Any:
+    credentials = security.credentials()
+    if aio:
+        return grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
+    return grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+
+
 class EmbeddingClient:
     """Blocking client. Errors surface as grpc.RpcError with the server's status code and message."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 30.0) -> None:
-        self.channel = grpc.insecure_channel(target)
+    def __init__(
+        self, target: str = DEFAULT_TARGET, timeout: float | None = 30.0, security: Security = Security()
+    ) -> None:
+        self.channel = _channel(target, security, aio=False)
         self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
+        self.metadata = security.metadata()
 
     def embed(self, texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> EmbedResult:
-        return from_response(self.stub.Embed(make_request(texts, truncate, normalize), timeout=self.timeout))
+        request = make_request(texts, truncate, normalize)
+        return from_response(self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
 
     def info(self) -> dict[str, object]:
-        return info_dict(self.stub.Info(embedding_pb2.InfoRequest(), timeout=self.timeout))
+        return info_dict(self.stub.Info(embedding_pb2.InfoRequest(), timeout=self.timeout, metadata=self.metadata))
 
     def health(self, service: str = "") -> str:
         response = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
@@ -85,17 +121,22 @@ class EmbeddingClient:
 class AsyncEmbeddingClient:
     """asyncio client on grpc.aio."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 30.0) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
+    def __init__(
+        self, target: str = DEFAULT_TARGET, timeout: float | None = 30.0, security: Security = Security()
+    ) -> None:
+        self.channel = _channel(target, security, aio=True)
         self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
+        self.metadata = security.metadata()
 
     async def embed(self, texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> EmbedResult:
-        return from_response(await self.stub.Embed(make_request(texts, truncate, normalize), timeout=self.timeout))
+        request = make_request(texts, truncate, normalize)
+        return from_response(await self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
 
     async def info(self) -> dict[str, object]:
-        return info_dict(await self.stub.Info(embedding_pb2.InfoRequest(), timeout=self.timeout))
+        request = embedding_pb2.InfoRequest()
+        return info_dict(await self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
 
     async def health(self, service: str = "") -> str:
         response = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
@@ -115,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server.client", description="Call the embedding service.")
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"host:port (default {DEFAULT_TARGET})")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
+    parser.add_argument("--tls-ca", default="", help="PEM CA of the server's certificate (turns TLS on)")
+    parser.add_argument("--tls-cert", default="", help="client certificate for mutual TLS")
+    parser.add_argument("--tls-key", default="", help="client key for mutual TLS")
     commands = parser.add_subparsers(dest="command", required=True)
     embed = commands.add_parser("embed", help="embed texts and print JSON")
     embed.add_argument("texts", nargs="+")
@@ -125,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     health.add_argument("--service", default="", help="service name; empty = the whole server")
     args = parser.parse_args(argv)
     try:
-        with EmbeddingClient(args.target, args.timeout) as client:
+        token = os.environ.get("EMBED_AUTH_TOKEN", "")
+        security = Security(args.tls_ca, args.tls_cert, args.tls_key, token)
+        with EmbeddingClient(args.target, args.timeout, security) as client:
             if args.command == "embed":
                 out: object = asdict(client.embed(args.texts, args.truncate, not args.no_normalize))
             elif args.command == "info":

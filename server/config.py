@@ -10,6 +10,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,12 @@ class ServerConfig:
     max_client_batch_size: int = 64  # inputs per request
     max_input_chars: int = 20000  # characters per input, checked before tokenization
     max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
+    max_streams: int = 64  # EmbedStream RPCs open at once; more get RESOURCE_EXHAUSTED
+    tls_cert: str = ""  # PEM certificate chain: serve TLS (with tls_key)
+    tls_key: str = ""  # PEM private key of tls_cert
+    tls_client_ca: str = ""  # PEM CA bundle: require client certificates it signed (mutual TLS)
+    auth_token_file: str = ""  # file holding the bearer token Embedder calls must present
+    auth_token: str = ""  # the token itself; prefer EMBED_AUTH_TOKEN or the file (a flag shows in `ps`)
     grace_seconds: float = 10.0  # on SIGTERM/SIGINT: time given to admitted requests before exit
     intra_op_threads: int = 0  # ONNX Runtime threads per inference; 0 = one per physical core
     tokenizer_threads: int = 2  # threads tokenizing off the event loop
@@ -47,8 +54,19 @@ class ServerConfig:
             problems.append("max_padding_ratio must be between 0 and 1")
         if self.max_delay_ms < 0 or self.grace_seconds < 0:
             problems.append("max_delay_ms and grace_seconds must not be negative")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            problems.append("tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            problems.append("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.max_streams < 1:
+            problems.append("max_streams must be at least 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def bearer_token(self) -> str:
+        if self.auth_token_file:
+            return Path(self.auth_token_file).read_text().strip()
+        return self.auth_token
 
     @property
     def max_delay_seconds(self) -> float:

@@ -29,3 +29,7 @@ class Cancelled(EmbedError):
 
 class InferenceFailed(EmbedError):
     """A batch failed in the backend; only that batch's requests see this."""
+
+
+class Unauthenticated(EmbedError):
+    """No valid credentials; nothing was computed."""

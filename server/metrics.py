@@ -24,7 +24,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
-REJECTION_REASONS = ("overloaded", "invalid", "deadline", "cancelled", "draining", "not_ready")
+REJECTION_REASONS = ("overloaded", "invalid", "deadline", "cancelled", "draining", "not_ready", "unauthenticated")
 
 
 class Metrics(BatchObserver):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.errors import (
@@ -19,6 +21,7 @@ from server.errors import (
     InvalidInput,
     NotReady,
     Overloaded,
+    Unauthenticated,
 )
 from server.metrics import Metrics
 from server.pipeline import Embedded, Pipeline
@@ -33,6 +36,7 @@ STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Cancelled: grpc.StatusCode.CANCELLED,
     InferenceFailed: grpc.StatusCode.INTERNAL,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 # Reasons for embed_rejections_total; InferenceFailed is counted as embed_batch_failures_total.
@@ -45,6 +49,44 @@ REJECTION_REASON: dict[type[EmbedError], str] = {
 }
 
 STREAM_WINDOW = 16  # requests of one stream computed concurrently; reading pauses beyond that
+
+
+class MalformedRequest:
+    """Stands in for a request whose bytes are not a valid protobuf message (answered INVALID_ARGUMENT).
+
+    gRPC's own deserialization failure would surface as UNKNOWN with a traceback in the log.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        self.message = f"malformed request: {error}"
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as e:
+            return MalformedRequest(e)
+
+    return deserialize
+
+
+def add_to_server(service: EmbedderService, server: grpc.aio.Server) -> None:
+    """Like the generated add_EmbedderServicer_to_server, with malformed bytes answered INVALID_ARGUMENT."""
+    pb = embedding_pb2
+    handlers = {
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            service.Embed, _lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
+        ),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(
+            service.EmbedStream, _lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
+        ),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            service.Info, _lenient(pb.InfoRequest.FromString), pb.InfoResponse.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def status_for(error: EmbedError) -> grpc.StatusCode:
@@ -95,10 +137,14 @@ def to_response(result: Embedded, total_seconds: float) -> embedding_pb2.EmbedRe
 
 
 class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
-    def __init__(self, state: ServingState, metrics: Metrics, batching: embedding_pb2.InfoResponse) -> None:
+    def __init__(
+        self, state: ServingState, metrics: Metrics, batching: embedding_pb2.InfoResponse, max_streams: int = 64
+    ) -> None:
         self.state = state
         self.metrics = metrics
         self._batching = batching  # the limits part of Info, fixed at start
+        self._max_streams = max_streams
+        self._open_streams = 0
 
     @contextlib.contextmanager
     def _observe(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[list[grpc.StatusCode]]:
@@ -122,6 +168,8 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
             self.metrics.request_duration.labels(method).observe(time.perf_counter() - started)
 
     async def _embed(self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> Embedded:
+        if isinstance(request, MalformedRequest):
+            raise InvalidInput(request.message)
         pipeline = self.state.ready_pipeline()
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
@@ -153,6 +201,13 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         self, request_iterator: AsyncIterator[embedding_pb2.EmbedRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[embedding_pb2.EmbedResponse]:
         """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
+        if self._open_streams >= self._max_streams:
+            self.metrics.rejected("overloaded")
+            self.metrics.requests.labels("EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+            await context.abort(
+                status_for(Overloaded("")), f"{self._open_streams} streams open, the limit; retry later"
+            )
+        self._open_streams += 1
         pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def one(request: embedding_pb2.EmbedRequest) -> embedding_pb2.EmbedResponse:
@@ -184,6 +239,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                 position += 1
             await reader  # surfaces a failure to read the stream
         finally:
+            self._open_streams -= 1
             reader.cancel()
             while not pending.empty():
                 task = pending.get_nowait()
@@ -194,6 +250,10 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.InfoResponse:
         with self._observe("Info", context) as code:
+            if isinstance(request, MalformedRequest):
+                code[0] = grpc.StatusCode.INVALID_ARGUMENT
+                self.metrics.rejected("invalid")
+                await context.abort(code[0], request.message)
             info = self.state.info
             if info is None:
                 code[0] = grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,73 @@
+"""Optional transport security: TLS / mutual TLS credentials and a bearer-token check.
+
+Both are off by default. The token check guards the Embedder service only; health and reflection
+stay open so that probes and tools work without the secret. A refused call never reaches the
+servicer, so it costs no tokenization and no inference.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from server.errors import Unauthenticated
+
+
+def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
+    """TLS with the server's certificate and key; with client_ca, clients must present a cert it signed."""
+    ca = Path(client_ca).read_bytes() if client_ca else None
+    return grpc.ssl_server_credentials(
+        [(Path(key).read_bytes(), Path(cert).read_bytes())], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(
+        self,
+        token: str,
+        protected_prefix: str,
+        status_for: Callable[[Unauthenticated], grpc.StatusCode],
+        on_reject: Callable[[], None],
+    ) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._prefix = protected_prefix
+        self._status_for = status_for
+        self._on_reject = on_reject
+
+    def _authorized(self, metadata: Any) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._expected)  # constant time: no timing oracle
+        return False
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if not handler_call_details.method.startswith(self._prefix) or self._authorized(
+            handler_call_details.invocation_metadata
+        ):
+            return handler
+        self._on_reject()
+        error = Unauthenticated("missing or invalid bearer token (metadata 'authorization: Bearer <token>')")
+        code = self._status_for(error)
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(code, str(error))
+
+        if handler is None:
+            return handler
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)

@@ -1,0 +1,138 @@
+"""TLS, mutual TLS and the bearer token, with certificates made here by `cryptography`."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from server.client import EmbeddingClient, Security
+from tests.conftest import ServerThread, server_config
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _cert(subject: str, key, issuer_name: str, issuer_key, ca: bool = False, server: bool = False):  # type: ignore[no-untyped-def]
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server:
+        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert=None, key=None) -> str:  # type: ignore[no-untyped-def]
+    if cert is not None:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    else:
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("pki")
+    ca_key, rogue_key, server_key, client_key, stranger_key = (_key() for _ in range(5))
+    ca = _cert("test CA", ca_key, "test CA", ca_key, ca=True)
+    rogue = _cert("rogue CA", rogue_key, "rogue CA", rogue_key, ca=True)
+    return {
+        "ca": _write(d / "ca.pem", cert=ca),
+        "server_cert": _write(d / "server.pem", cert=_cert("server", server_key, "test CA", ca_key, server=True)),
+        "server_key": _write(d / "server.key", key=server_key),
+        "client_cert": _write(d / "client.pem", cert=_cert("client", client_key, "test CA", ca_key)),
+        "client_key": _write(d / "client.key", key=client_key),
+        "stranger_cert": _write(d / "stranger.pem", cert=_cert("stranger", stranger_key, "rogue CA", rogue_key)),
+        "stranger_key": _write(d / "stranger.key", key=stranger_key),
+        "rogue_ca": _write(d / "rogue.pem", cert=rogue),
+    }
+
+
+def refused(client: EmbeddingClient) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as error:
+        client.embed(["hello"])
+    return error.value.code()
+
+
+def test_tls_serves_tls_clients_and_refuses_plaintext(tiny_artifacts: Path, pki: dict[str, str]) -> None:
+    server = ServerThread(server_config(tiny_artifacts, tls_cert=pki["server_cert"], tls_key=pki["server_key"]))
+    try:
+        with EmbeddingClient(server.target, 5, Security(tls_ca=pki["ca"])) as client:
+            assert len(client.embed(["over TLS"]).embeddings) == 1
+        with EmbeddingClient(server.target, 5) as plaintext:
+            assert refused(plaintext) == grpc.StatusCode.UNAVAILABLE
+        with EmbeddingClient(server.target, 5, Security(tls_ca=pki["rogue_ca"])) as wrong_trust:
+            assert refused(wrong_trust) == grpc.StatusCode.UNAVAILABLE  # the server's cert is not trusted
+    finally:
+        server.stop()
+
+
+def test_mutual_tls_refuses_clients_without_a_cert_from_the_client_ca(
+    tiny_artifacts: Path, pki: dict[str, str]
+) -> None:
+    config = server_config(
+        tiny_artifacts, tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_client_ca=pki["ca"]
+    )
+    server = ServerThread(config)
+    try:
+        good = Security(tls_ca=pki["ca"], tls_cert=pki["client_cert"], tls_key=pki["client_key"])
+        with EmbeddingClient(server.target, 5, good) as client:
+            assert len(client.embed(["mutual"]).embeddings) == 1
+        with EmbeddingClient(server.target, 5, Security(tls_ca=pki["ca"])) as no_cert:
+            assert refused(no_cert) == grpc.StatusCode.UNAVAILABLE
+        stranger = Security(tls_ca=pki["ca"], tls_cert=pki["stranger_cert"], tls_key=pki["stranger_key"])
+        with EmbeddingClient(server.target, 5, stranger) as unknown:
+            assert refused(unknown) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()
+
+
+def test_bearer_token_guards_embedder_but_not_health(tiny_artifacts: Path, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    server = ServerThread(server_config(tiny_artifacts, auth_token_file=str(token_file)))
+    metrics = server.server.metrics
+    try:
+        batches_before = metrics.batches._value.get()
+        for security in (Security(), Security(token="wrong")):
+            with EmbeddingClient(server.target, 5, security) as client:
+                with pytest.raises(grpc.RpcError) as error:
+                    client.embed(["no entry"])
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.RpcError) as error:
+                    client.info()
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stub = server.stub()
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.EmbedStream(iter([]), metadata=[("authorization", "Bearer nope")]))
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert metrics.batches._value.get() == batches_before  # refused calls cost no inference
+        assert metrics.rejections.labels("unauthenticated")._value.get() == 5
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.target))
+        assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+        with EmbeddingClient(server.target, 5, Security(token="s3cret-token")) as client:
+            assert len(client.embed(["welcome"]).embeddings) == 1
+    finally:
+        server.stop()
