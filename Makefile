@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PROTO := protos/embedding/v1/embedding.proto
 PROTO_OUT := embedding/v1/embedding_pb2.py
 
-.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench
+.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak
 
 setup: system-packages venv protos
 
@@ -64,6 +64,10 @@ loadtest: setup $(ARTIFACTS)/model.onnx
 
 bench: setup $(ARTIFACTS)/model.onnx
 	$(PY) -m bench --model-dir $(ARTIFACTS)
+
+SOAK_MINUTES ?= 10
+soak: setup $(ARTIFACTS)/model.onnx
+	$(PY) -m bench.soak --model-dir $(ARTIFACTS) --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf $(ARTIFACTS) reports embedding .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -99,4 +99,5 @@ def test_sigterm_answers_every_admitted_request_and_exits_zero(tiny_artifacts: P
     assert "UNAVAILABLE" in after
     # The server's own count: every request it answered reached a client, and none was cut off.
     ok = sum(1 for _, outcome in outcomes if outcome == "OK")
+    print(f"\nshutdown: sent {len(outcomes)}, answered OK {ok}, refused {len(outcomes) - ok}, lost 0, exit 0")
     assert f"stopped: {ok} Embed requests answered OK, 0 RPCs cut off" in log

@@ -1,0 +1,277 @@
+"""Tests that try to break the service: overload, faults, cancellation, fuzzed input, stuck streams."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from embedding.v1 import embedding_pb2_grpc
+from loadtest.run import free_port, wait_serving
+from tests.conftest import ServerThread, request, server_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x)
+
+
+def test_overload_is_refused_quickly_admitted_work_is_correct_and_memory_bounded(tiny_artifacts, reference) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "-1",
+            "--model-dir",
+            str(tiny_artifacts),
+            "--max-queue-tokens",
+            "1500",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+    )
+    target = f"127.0.0.1:{port}"
+    texts = [f"overload text number {i} about the river, the lungs and the quiet cat" for i in range(16)]
+    try:
+        wait_serving(target)
+
+        async def offer(clients: int, rounds: int) -> list[tuple[grpc.StatusCode, float, object]]:
+            channel = grpc.aio.insecure_channel(target)
+            stub = embedding_pb2_grpc.EmbedderStub(channel)
+            outcomes = []
+
+            async def client(c: int) -> None:
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    try:
+                        response = await stub.Embed(request(*texts, truncate=True), timeout=30)
+                        outcomes.append((grpc.StatusCode.OK, time.perf_counter() - start, response))
+                    except grpc.aio.AioRpcError as e:
+                        outcomes.append((e.code(), time.perf_counter() - start, None))
+
+            await asyncio.gather(*(client(c) for c in range(clients)))
+            await channel.close()
+            return outcomes
+
+        asyncio.run(offer(8, 3))  # warm up
+        rss_before = rss_bytes(process.pid)
+        outcomes = asyncio.run(offer(96, 5))  # 480 requests x 16 texts, far over the queue's 1500 tokens
+        rss_after = rss_bytes(process.pid)
+        codes = [code for code, _, _ in outcomes]
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, set(codes)
+        refused = [seconds for code, seconds, _ in outcomes if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
+        answered = [response for code, _, response in outcomes if code == grpc.StatusCode.OK]
+        assert len(refused) > 50 and len(answered) > 50, (len(refused), len(answered))
+        assert np.median(refused) < 0.5  # refusals are fast, not queued
+        expected = np.array([unit(reference(t)) for t in texts])
+        for response in answered:  # every admitted request is complete and correct
+            got = np.array([e.values for e in response.embeddings])
+            np.testing.assert_allclose(got, expected, atol=1e-5)
+        assert rss_after - rss_before < 64 * 1024 * 1024, (rss_before, rss_after)
+        print(
+            f"\noverload: offered {len(outcomes)} requests x {len(texts)} texts; answered {len(answered)}, refused "
+            f"{len(refused)} (median {1000 * np.median(refused):.1f} ms), lost 0; RSS {rss_before >> 20} -> "
+            f"{rss_after >> 20} MiB"
+        )
+        with grpc.insecure_channel(target) as channel:  # serves normally right after
+            response = embedding_pb2_grpc.EmbedderStub(channel).Embed(request("calm again"), timeout=10)
+            np.testing.assert_allclose(response.embeddings[0].values, unit(reference("calm again")), atol=1e-5)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+
+
+def test_cancelled_requests_are_never_computed(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+    gate = threading.Event()
+    computed: list[int] = []
+    real = server.server.batcher.run_batch
+
+    def counting(rows):  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        computed.extend(len(r) for r in rows)
+        return real(rows)
+
+    server.server.batcher.run_batch = counting
+    stub = server.stub()
+    try:
+        blocker = stub.Embed.future(request("x"))
+        time.sleep(0.2)
+        doomed = [stub.Embed.future(request(f"{'long ' * 10} {i}", truncate=True)) for i in range(5)]
+        time.sleep(0.2)
+        assert server.server.batcher.queued_items == 5
+        for future in doomed:
+            future.cancel()
+        time.sleep(0.3)  # the server sees the cancellations
+        gate.set()
+        blocker.result()
+        assert stub.Embed(request("after")).embeddings
+        assert all(f.cancelled() for f in doomed)
+        assert computed == [3, 3]  # only "x" and "after": no cancelled input reached the backend
+        assert server.server.metrics.dropped_items.labels("cancelled")._value.get() == 5
+    finally:
+        gate.set()
+        server.stop()
+
+
+texts_strategy = st.lists(
+    st.one_of(
+        st.text(st.characters(codec="utf-8"), max_size=200),  # any Unicode: controls, combining marks, emoji
+        st.text(alphabet="\u0301\u200d\U0001f600 \t\n\x00", max_size=50),
+        st.just(""),
+        st.just("word " * 5000),  # far over the token limit
+        st.just("x" * 25_000),  # over max_input_chars
+    ),
+    max_size=40,  # the module server allows 32 inputs
+)
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tiny_artifacts):  # type: ignore[no-untyped-def]
+    server = ServerThread(server_config(tiny_artifacts, max_client_batch_size=32, max_queue_tokens=2000))
+    yield server
+    server.stop()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=texts_strategy, truncate=st.booleans(), normalize=st.one_of(st.none(), st.booleans()))
+def test_fuzzed_requests_get_ok_or_a_client_error_never_internal(fuzzed, texts, truncate, normalize) -> None:  # type: ignore[no-untyped-def]
+    try:
+        response = fuzzed.stub().Embed(request(*texts, truncate=truncate, normalize=normalize), timeout=20)
+    except grpc.RpcError as e:
+        assert e.code() in ALLOWED, (e.code(), e.details())
+        return
+    vectors = np.array([e.values for e in response.embeddings])
+    assert vectors.shape == (len(texts), 32) and np.isfinite(vectors).all()
+    if normalize is not False:
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=st.binary(max_size=300), method=st.sampled_from(["Embed", "Info", "EmbedStream"]))
+def test_malformed_bytes_get_invalid_argument_never_unknown(fuzzed, payload: bytes, method: str) -> None:  # type: ignore[no-untyped-def]
+    channel = grpc.insecure_channel(fuzzed.target)
+    path = f"/embedding.v1.Embedder/{method}"
+    try:
+        if method == "EmbedStream":
+            call = channel.stream_stream(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            list(call(iter([payload]), timeout=20))
+        else:
+            call = channel.unary_unary(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            call(payload, timeout=20)
+    except grpc.RpcError as e:
+        assert e.code() in ALLOWED, (e.code(), e.details())
+    finally:
+        channel.close()
+
+
+def test_server_is_up_and_correct_after_the_fuzzing(fuzzed, reference) -> None:  # type: ignore[no-untyped-def]
+    response = fuzzed.stub().Embed(request("the cat sat on the mat"))
+    np.testing.assert_allclose(response.embeddings[0].values, unit(reference("the cat sat on the mat")), atol=1e-5)
+    assert fuzzed.server.metrics.batch_failures._value.get() == 0
+    internal = fuzzed.server.metrics.requests.labels("Embed", "INTERNAL")._value.get()
+    unknown = fuzzed.server.metrics.requests.labels("Embed", "UNKNOWN")._value.get()
+    assert internal == unknown == 0
+
+
+def test_a_backend_that_keeps_failing_turns_health_not_serving_until_it_recovers(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+    real = server.server.batcher.run_batch
+    broken = threading.Event()
+    broken.set()
+
+    def flaky(rows):  # type: ignore[no-untyped-def]
+        if broken.is_set():
+            raise RuntimeError("device lost")
+        return real(rows)
+
+    server.server.batcher.run_batch = flaky
+    stub = server.stub()
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.target))
+
+    def status() -> int:
+        return health.Check(health_pb2.HealthCheckRequest(service="embedding.v1.Embedder")).status
+
+    try:
+        for i in range(5):
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Embed(request(f"attempt {i}"))
+            assert error.value.code() == grpc.StatusCode.INTERNAL
+        time.sleep(0.1)
+        assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
+        broken.clear()
+        assert len(stub.Embed(request("recovered")).embeddings) == 1
+        time.sleep(0.1)
+        assert status() == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        server.stop()
+
+
+def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_nothing(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts, max_streams=2))
+    stub = server.stub()
+    try:
+        sent = threading.Event()
+
+        def requests():  # type: ignore[no-untyped-def]
+            for i in range(200):
+                yield request(f"stream text {i}", truncate=True)
+                if i == 50:
+                    sent.set()
+            time.sleep(30)  # keep the stream open without reading
+
+        stalled = stub.EmbedStream(requests())  # never read
+        assert sent.wait(10)
+        # Others are served while it sits there, and a second stream works.
+        assert len(stub.Embed(request("still served"), timeout=10).embeddings) == 1
+        assert len(list(stub.EmbedStream(iter([request("a"), request("b")]), timeout=10))) == 2
+        # The stream limit (2): with the stalled one and a second one open, a third is refused.
+        def slow():  # type: ignore[no-untyped-def]
+            yield request("c")
+            time.sleep(5)
+
+        second = stub.EmbedStream(slow())
+        assert next(second).embeddings
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.EmbedStream(iter([request("e")]), timeout=10))
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        second.cancel()
+        stalled.cancel()  # the client disconnects mid-stream
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+            server.server.service._open_streams or server.server.batcher.queued_items or server.server.state.in_flight
+        ):
+            time.sleep(0.05)
+        assert server.server.service._open_streams == 0
+        assert server.server.batcher.queued_items == 0 and server.server.state.in_flight == 0
+        assert len(stub.Embed(request("after"), timeout=10).embeddings) == 1
+    finally:
+        server.stop()
