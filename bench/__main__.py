@@ -115,15 +115,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(texts))
         print("2. server with dynamic batching", flush=True)
-        with local_server(str(args.model_dir)) as target:
-            results["server"] = load_sweep(target, CONCURRENCY, texts_file, args.duration)
+        with local_server(str(args.model_dir)) as server:
+            results["server"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
             print("transport floor: Info RPCs, no model work", flush=True)
-            results["transport_floor"] = load_sweep(target, (32,), texts_file, args.duration, 0)[0]
+            results["transport_floor"] = load_sweep(server.target, (32,), texts_file, args.duration, 0)[0]
             print("2b. the same server, 8 texts per request", flush=True)
-            results["server_batch8"] = load_sweep(target, BATCH8_CONCURRENCY, texts_file, args.duration, 8)
+            results["server_batch8"] = load_sweep(server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8)
         print("3. server with --max-batch-size 1", flush=True)
-        with local_server(str(args.model_dir), ["--max-batch-size", "1"]) as target:
-            results["no_batching"] = load_sweep(target, CONCURRENCY, texts_file, args.duration)
+        with local_server(str(args.model_dir), ["--max-batch-size", "1"]) as server:
+            results["no_batching"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
 
     print("4. padding waste: length-sorted token budget vs FIFO", flush=True)
     fifo = replace(policy, length_sorted=False)

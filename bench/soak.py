@@ -13,8 +13,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -24,18 +22,11 @@ import grpc
 import numpy as np
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from loadtest.run import ROOT, free_port, wait_serving
+from loadtest.run import ROOT, local_server, rss_bytes
 from loadtest.texts import load_pool
 
 SAMPLE_SECONDS = 10.0
 MAX_RSS_GROWTH = 0.10
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 async def drive(target: str, pid: int, seconds: float, concurrency: int, texts: list[str]) -> list[dict]:  # type: ignore[type-arg]
@@ -89,33 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", default="artifacts")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     args = parser.parse_args(argv)
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--metrics-port",
-            "-1",
-            "--model-dir",
-            args.model_dir,
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
-    target = f"127.0.0.1:{port}"
-    try:
-        wait_serving(target)
-        texts = load_pool().mixed(random.Random(0), 2000)
-        samples = asyncio.run(drive(target, process.pid, args.minutes * 60, args.concurrency, texts))
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
+    texts = load_pool().mixed(random.Random(0), 2000)
+    with local_server(args.model_dir) as server:
+        samples = asyncio.run(drive(server.target, server.process.pid, args.minutes * 60, args.concurrency, texts))
     warm = max(1, min(int(60 / SAMPLE_SECONDS), len(samples) // 2))
     baseline, final = samples[warm - 1]["rss_mib"], samples[-1]["rss_mib"]
     growth = (final - baseline) / baseline

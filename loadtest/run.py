@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -45,9 +46,23 @@ def wait_serving(target: str, timeout: float = 60) -> None:
     raise TimeoutError(f"{target} did not become SERVING within {timeout:.0f} s")
 
 
+@dataclass(frozen=True)
+class LocalServer:
+    target: str
+    process: subprocess.Popen[bytes]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
 @contextmanager
-def local_server(model_dir: str, extra: Sequence[str] = ()) -> Iterator[str]:
-    """`python -m server` on a free loopback port, stopped with SIGTERM afterwards."""
+def local_server(model_dir: str, extra: Sequence[str] = ()) -> Iterator[LocalServer]:
+    """`python -m server` on a free loopback port, stopped with SIGTERM afterwards (exit code kept)."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -71,7 +86,7 @@ def local_server(model_dir: str, extra: Sequence[str] = ()) -> Iterator[str]:
     target = f"127.0.0.1:{port}"
     try:
         wait_serving(target)
-        yield target
+        yield LocalServer(target, process)
     finally:
         process.terminate()
         process.wait(30)
@@ -123,8 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.target:
         code = run_locust(args.target, args.users, args.spawn_rate, args.duration, args.reports)
     else:
-        with local_server(args.model_dir) as target:
-            code = run_locust(target, args.users, args.spawn_rate, args.duration, args.reports)
+        with local_server(args.model_dir) as server:
+            code = run_locust(server.target, args.users, args.spawn_rate, args.duration, args.reports)
     requests, failures = totals(args.reports)
     print(f"loadtest: {requests} requests, {failures} failed; reports in {args.reports}")
     if requests == 0:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,18 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embedding.v1 import embedding_pb2_grpc
-from loadtest.run import free_port, wait_serving
+from loadtest.run import local_server, rss_bytes
 from tests.conftest import ServerThread, request, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -37,31 +27,9 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 def test_overload_is_refused_quickly_admitted_work_is_correct_and_memory_bounded(tiny_artifacts, reference) -> None:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--metrics-port",
-            "-1",
-            "--model-dir",
-            str(tiny_artifacts),
-            "--max-queue-tokens",
-            "1500",
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
-    target = f"127.0.0.1:{port}"
     texts = [f"overload text number {i} about the river, the lungs and the quiet cat" for i in range(16)]
-    try:
-        wait_serving(target)
+    with local_server(str(tiny_artifacts), ["--max-queue-tokens", "1500"]) as server:
+        target, process = server.target, server.process
 
         async def offer(clients: int, rounds: int) -> list[tuple[grpc.StatusCode, float, object]]:
             channel = grpc.aio.insecure_channel(target)
@@ -104,9 +72,7 @@ def test_overload_is_refused_quickly_admitted_work_is_correct_and_memory_bounded
         with grpc.insecure_channel(target) as channel:  # serves normally right after
             response = embedding_pb2_grpc.EmbedderStub(channel).Embed(request("calm again"), timeout=10)
             np.testing.assert_allclose(response.embeddings[0].values, unit(reference("calm again")), atol=1e-5)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 0
+    assert process.returncode == 0  # drained and exited cleanly after all that
 
 
 def test_cancelled_requests_are_never_computed(tiny_artifacts) -> None:
@@ -253,6 +219,7 @@ def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_noth
         # Others are served while it sits there, and a second stream works.
         assert len(stub.Embed(request("still served"), timeout=10).embeddings) == 1
         assert len(list(stub.EmbedStream(iter([request("a"), request("b")]), timeout=10))) == 2
+
         # The stream limit (2): with the stalled one and a second one open, a third is refused.
         def slow():  # type: ignore[no-untyped-def]
             yield request("c")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -12,33 +11,11 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from loadtest.run import free_port, wait_serving
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_serving(target: str, timeout: float = 30) -> None:
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if (
-                health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                == health_pb2.HealthCheckResponse.SERVING
-            ):
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("server never became SERVING")
 
 
 def test_sigterm_answers_every_admitted_request_and_exits_zero(tiny_artifacts: Path) -> None:
