@@ -92,6 +92,7 @@ class EmbeddingServer:
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
             options=[
+                ("grpc.so_reuseport", 1 if config.reuse_port else 0),
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
             ],
@@ -244,6 +245,10 @@ async def serve(config: ServerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.workers > 1:
+        from server.workers import run_workers
+
+        sys.exit(run_workers(config, sys.argv[1:] if argv is None else list(argv)))
     try:
         asyncio.run(serve(config))
     except FileNotFoundError as e:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,6 +39,8 @@ class ServerConfig:
     grace_seconds: float = 10.0  # on SIGTERM/SIGINT: time given to admitted requests before exit
     intra_op_threads: int = 0  # ONNX Runtime threads per inference; 0 = one per physical core
     tokenizer_threads: int = 2  # threads tokenizing off the event loop
+    workers: int = 1  # server processes sharing the port (SO_REUSEPORT); see server/workers.py
+    reuse_port: bool = False  # let several processes bind the port; set for workers by --workers
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -58,6 +60,8 @@ class ServerConfig:
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
             problems.append("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.workers < 1:
+            problems.append("workers must be at least 1")
         if self.max_streams < 1:
             problems.append("max_streams must be at least 1")
         if problems:
@@ -73,6 +77,15 @@ class ServerConfig:
         return self.max_delay_ms / 1000.0
 
 
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
 def env_name(field_name: str) -> str:
     return "EMBED_" + field_name.upper()
 
@@ -81,7 +94,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC.")
     for f in fields(ServerConfig):
-        kind: type = type(f.default)
+        kind: Callable[[str], object] = parse_bool if isinstance(f.default, bool) else type(f.default)
         default = kind(environ[env_name(f.name)]) if env_name(f.name) in environ else f.default
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
