@@ -9,6 +9,7 @@ from pathlib import Path
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
 from export.torchscript import export_torchscript
+from export.triton import write_triton_repository
 from export.verify import ParityReport, precision_report, verify_artifacts
 from model.tokenizer import load_tokenizer
 from model.train import CHECKPOINT, load_checkpoint
@@ -17,6 +18,7 @@ ONNX_FILE = "model.onnx"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_FILE = "manifest.json"
+MODEL_ID = "wordnet-encoder"
 
 
 def sha256(path: Path) -> str:
@@ -45,11 +47,12 @@ def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
     export_fp16(model_dir)
     config = model.config
     precision = precision_report(model_dir, config.vocab_size, config.pad_id, config.max_len)
+    triton = write_triton_repository(model_dir, MODEL_ID)
 
     files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
     checkpoint_sha = sha256(model_dir / CHECKPOINT)
     manifest: dict[str, object] = {
-        "model_id": "wordnet-encoder",
+        "model_id": MODEL_ID,
         "model_version": checkpoint_sha[:12],  # changes whenever the weights do
         "config": model.config.to_dict(),
         "dim": model.config.d_model,
@@ -64,6 +67,7 @@ def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
         "training": summary,
         "parity": report.to_dict(),
         "precision": {**precision, "int8_build": int8_choice},
+        "triton_repository": str(triton.relative_to(model_dir)),
     }
     (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest, report

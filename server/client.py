@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embed.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's limit")
     embed.add_argument("--no-normalize", action="store_true", help="return raw, not L2-normalised, vectors")
     commands.add_parser("info", help="print the model and serving limits")
-    health = commands.add_parser("health", help="print the health status")
+    health = commands.add_parser("health", help="print the health status; exit 1 unless SERVING")
     health.add_argument("--service", default="", help="service name; empty = the whole server")
     args = parser.parse_args(argv)
     try:
@@ -182,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"code": e.code().name, "message": e.details()}), file=sys.stderr)
         return 1
     print(json.dumps(out))
-    return 0
+    # `health` doubles as a container health check: exit 0 only when SERVING.
+    return 0 if args.command != "health" or out == {"status": "SERVING"} else 1
 
 
 if __name__ == "__main__":

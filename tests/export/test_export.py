@@ -121,3 +121,23 @@ def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Pa
     fp16 = onnx.load(str(tiny_artifacts / "model.fp16.onnx")).graph
     assert fp16.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # float32 out for clients
     assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in fp16.initializer)
+
+
+def test_triton_repository_config_matches_the_onnx_model(tiny_artifacts: Path) -> None:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    repository = tiny_artifacts / "model_repository" / "wordnet-encoder"
+    config = text_format.Parse((repository / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.name == "wordnet-encoder" and config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size > 0  # batch axis implicit and dynamic
+    assert config.HasField("dynamic_batching")
+    graph = onnx.load(str(repository / "1" / "model.onnx")).graph
+    int64, fp32 = model_config_pb2.DataType.TYPE_INT64, model_config_pb2.DataType.TYPE_FP32
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        (v.name, int64, [-1])
+        for v in graph.input  # sequence axis dynamic
+    ]
+    (output,) = config.output
+    assert (output.name, output.data_type, list(output.dims)) == ("embeddings", fp32, [32])
+    assert (repository / "1" / "model.onnx").read_bytes() == (tiny_artifacts / "model.onnx").read_bytes()

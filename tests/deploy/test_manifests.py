@@ -1,0 +1,60 @@
+"""Kubernetes manifests: schema-valid offline, and consistent with each other and with the server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+KUBERNETES_VERSION = "1.31.0"
+
+
+def documents() -> list[dict]:  # type: ignore[type-arg]
+    return [doc for path in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def by_kind(kind: str) -> list[dict]:  # type: ignore[type-arg]
+    return [d for d in documents() if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("doc", [d for d in documents() if d["kind"] != "PodMonitor"], ids=lambda d: d["kind"])
+def test_core_manifests_pass_strict_schema_validation(doc: dict) -> None:  # type: ignore[type-arg]
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
+    (deployment,) = by_kind("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": 50051, "metrics": 9464}  # the server's default ports (DESIGN.md)
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["grpc"]["port"] == 50051  # native gRPC probes on the health service
+    assert container["readinessProbe"]["grpc"]["service"] == "embedding.v1.Embedder"
+    grace = float(container["args"][container["args"].index("--grace-seconds") + 1])
+    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] > grace + pause  # Kubernetes never cuts a drain short
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
+
+
+def test_services_hpa_and_pod_monitor_point_at_the_deployment() -> None:
+    (deployment,) = by_kind("Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    services = by_kind("Service")
+    assert {s["metadata"]["name"] for s in services} == {"embedding", "embedding-headless"}
+    for service in services:
+        assert service["spec"]["selector"].items() <= labels.items()
+    assert [s for s in services if s["spec"].get("clusterIP") == "None"]  # headless, for client-side LB
+    (hpa,) = by_kind("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    (monitor,) = by_kind("PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    container_ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert endpoint["port"] in container_ports and endpoint["path"] == "/metrics"
+    assert {"targetLabel": "job", "replacement": "embedding"} in endpoint["relabelings"]  # alerts use job=embedding
