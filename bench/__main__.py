@@ -41,6 +41,7 @@ from server.tokenize import TextTokenizer
 
 CONCURRENCY = (1, 8, 32, 64, 128)
 BATCH8_CONCURRENCY = (4, 16, 32)
+WORKERS = 2
 N_TEXTS = 3000
 
 
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokenizer = TextTokenizer(args.model_dir / "tokenizer.json")
     rows = tokenizer.encode(texts, truncate=True).rows
     runtime = OnnxRuntime(args.model_dir, RuntimeOptions(provider="cpu"), pad_id=manifest["pad_id"])
-    runtime.warm_up(tokenizer.max_length)
+    runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     results: dict[str, object] = {}
 
     print("1. ceiling: raw ONNX Runtime on the batcher's batches", flush=True)
@@ -121,6 +122,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             results["transport_floor"] = load_sweep(server.target, (32,), texts_file, args.duration, 0)[0]
             print("2b. the same server, 8 texts per request", flush=True)
             results["server_batch8"] = load_sweep(server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8)
+        print(f"workers: --workers {WORKERS}", flush=True)
+        with local_server(str(args.model_dir), ["--workers", str(WORKERS)]) as server:
+            results["workers"] = {
+                "n": WORKERS,
+                "single": load_sweep(server.target, (128,), texts_file, args.duration)[0],
+                "batch8": load_sweep(server.target, (32,), texts_file, args.duration, 8)[0],
+            }
         print("3. server with --max-batch-size 1", flush=True)
         with local_server(str(args.model_dir), ["--max-batch-size", "1"]) as server:
             results["no_batching"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)

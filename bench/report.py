@@ -136,6 +136,18 @@ def write_report(r: dict[str, Any], out: Path) -> None:
             f"| {b['concurrency']} | {b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | "
             f"{b['texts_per_second'] / r['ceiling']['texts_per_second']:.0%} |"
         )
+    w = r["workers"]
+    one_single, one_batch8 = _at(r["server"], 128), _at(r["server_batch8"], 32)
+    lines += [
+        "",
+        f"One worker against `--workers {w['n']}` (processes sharing the port with SO_REUSEPORT, ONNX Runtime threads split between them):",
+        "",
+        "| load | 1 worker: texts/s | p99 ms | " + f"{w['n']} workers: texts/s | p99 ms | ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| 128 clients x 1 text | {one_single['texts_per_second']:.0f} | {one_single['p99_ms']:.1f} | {w['single']['texts_per_second']:.0f} | {w['single']['p99_ms']:.1f} | {w['single']['texts_per_second'] / one_single['texts_per_second']:.2f}x |",
+        f"| 32 clients x 8 texts | {one_batch8['texts_per_second']:.0f} | {one_batch8['p99_ms']:.1f} | {w['batch8']['texts_per_second']:.0f} | {w['batch8']['p99_ms']:.1f} | {w['batch8']['texts_per_second'] / one_batch8['texts_per_second']:.2f}x |",
+    ]
+    errors += w["single"]["errors"] + w["batch8"]["errors"]
     lines += [
         "",
         f"Errors during the sweeps: {errors}.",

@@ -54,7 +54,7 @@ def load_model(config: ServerConfig) -> LoadedModel:
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     options = RuntimeOptions(config.provider, config.precision, config.intra_op_threads)
     runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
-    runtime.warm_up(tokenizer.max_length)
+    runtime.warm_up(tokenizer.max_length, config.max_batch_tokens, config.max_batch_size)
     info = ModelInfo(
         model_id=str(manifest["model_id"]),
         model_version=str(manifest["model_version"]),

@@ -93,9 +93,15 @@ class OnnxRuntime:
     def run_rows(self, rows: Sequence[np.ndarray]) -> np.ndarray:
         return self.run(*pad_rows(rows, self.pad_id))
 
-    def warm_up(self, max_len: int, batch_sizes: Sequence[int] = (1, 8)) -> None:
-        """First runs allocate memory and pick kernels; pay for that before reporting SERVING."""
-        for batch in batch_sizes:
-            for length in sorted({2, max(2, max_len // 2), max_len}):
-                ids = np.full((batch, length), self.pad_id + 1, dtype=np.int64)
-                self.run(ids, np.ones_like(ids))
+    def warm_up(self, max_len: int, max_batch_tokens: int, max_batch_size: int) -> None:
+        """First runs allocate memory and pick kernels; pay for that before reporting SERVING.
+
+        The largest batch the batcher can form is run too, so ONNX Runtime's memory arena reaches its
+        peak now rather than at the first big batch under load (a latency spike and an RSS step).
+        """
+        largest = max(1, min(max_batch_size, max_batch_tokens // max_len))
+        shapes = {(1, 2), (1, max_len), (8, max(2, max_len // 2)), (largest, max_len)}
+        shapes.add((max(1, min(max_batch_size, max_batch_tokens // 2)), 2))
+        for batch, length in sorted(shapes):
+            ids = np.full((batch, length), self.pad_id + 1, dtype=np.int64)
+            self.run(ids, np.ones_like(ids))
