@@ -110,7 +110,9 @@ def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ig
     return float(np.median(times))
 
 
-def per_batch_latency(model_dir: Path, ids: np.ndarray, mask: np.ndarray, threads: int) -> dict[str, float]:
+def per_batch_latency(
+    model_dir: Path, ids: np.ndarray, mask: np.ndarray, threads: int, rounds: int = 8
+) -> dict[str, float]:
     """Median seconds for one padded batch: eager PyTorch, TorchScript, ONNX Runtime fp32 and int8."""
     import torch
 
@@ -121,14 +123,22 @@ def per_batch_latency(model_dir: Path, ids: np.ndarray, mask: np.ndarray, thread
     model, _ = load_checkpoint(model_dir / "checkpoint.pt")
     scripted = load_torchscript(model_dir / "model.torchscript.pt")
     t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    results = {}
+    fp32, int8 = (
+        OnnxRuntime(model_dir, RuntimeOptions(provider="cpu", precision=p), pad_id=0) for p in ("fp32", "int8")
+    )
+    backends = {
+        "eager PyTorch": lambda: model(t_ids, t_mask),
+        "TorchScript": lambda: scripted(t_ids, t_mask),
+        "ONNX Runtime fp32": lambda: fp32.run(ids, mask),
+        "ONNX Runtime int8": lambda: int8.run(ids, mask),
+    }
+    # Interleaved rounds: on a shared machine whose speed drifts, every backend sees the same drift.
+    samples: dict[str, list[float]] = {name: [] for name in backends}
     with torch.inference_mode():
-        results["eager PyTorch"] = median_seconds(lambda: model(t_ids, t_mask))
-        results["TorchScript"] = median_seconds(lambda: scripted(t_ids, t_mask))
-    for precision in ("fp32", "int8"):
-        runtime = OnnxRuntime(model_dir, RuntimeOptions(provider="cpu", precision=precision), pad_id=0)
-        results[f"ONNX Runtime {precision}"] = median_seconds(lambda r=runtime: r.run(ids, mask))
-    return results
+        for _ in range(rounds):
+            for name, fn in backends.items():
+                samples[name].append(median_seconds(fn, repeats=6, warmup=1))
+    return {name: float(np.median(values)) for name, values in samples.items()}
 
 
 def matmul_peak_flops(threads: int, n: int = 2048) -> float:
