@@ -73,6 +73,35 @@ class ServerThread:
         return embedding_pb2_grpc.EmbedderStub(grpc.insecure_channel(self.target))
 
 
+class GatedBackend:
+    """Wraps a running server's backend: batches wait until `release()`, and every batch is recorded.
+
+    Lets a test hold the backend busy so a queue builds up, and prove which inputs were computed.
+    """
+
+    def __init__(self, server: EmbeddingServer) -> None:
+        assert server.batcher is not None
+        self._batcher = server.batcher
+        self._real = server.batcher.run_batch
+        self._open = threading.Event()
+        self.batch_sizes: list[int] = []
+        self.row_lengths: list[int] = []
+        server.batcher.run_batch = self
+
+    def __call__(self, rows):  # type: ignore[no-untyped-def]
+        self._open.wait(10)
+        self.batch_sizes.append(len(rows))
+        self.row_lengths.extend(len(r) for r in rows)
+        return self._real(rows)
+
+    def release(self) -> None:
+        self._open.set()
+
+    def remove(self) -> None:
+        self.release()
+        self._batcher.run_batch = self._real
+
+
 def server_config(model_dir: Path, **overrides: object) -> ServerConfig:
     base = ServerConfig(host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=0, model_dir=str(model_dir))
     return replace(base, **overrides)

@@ -7,7 +7,6 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -19,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ServerThread, request, server_config
+from tests.conftest import GatedBackend, ServerThread, request, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "monitoring"
@@ -144,13 +143,11 @@ def drive_mixed_traffic(server: ServerThread) -> None:
     for bad in (request(), request("fine", "   ")):
         with pytest.raises(grpc.RpcError):
             stub.Embed(bad)
-    gate = threading.Event()
-    real = server.server.batcher.run_batch
-    server.server.batcher.run_batch = lambda rows: (gate.wait(10), real(rows))[1]
+    gate = GatedBackend(server.server)
     try:
         futures = [stub.Embed.future(request(f"queued request number {i} with several words")) for i in range(8)]
         time.sleep(0.5)
-        gate.set()
+        gate.release()
         codes = []
         for f in futures:
             try:
@@ -160,8 +157,7 @@ def drive_mixed_traffic(server: ServerThread) -> None:
                 codes.append(e.code().name)
         assert "RESOURCE_EXHAUSTED" in codes and "OK" in codes
     finally:
-        gate.set()
-        server.server.batcher.run_batch = real
+        gate.remove()
 
 
 class Prometheus:

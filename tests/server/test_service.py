@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embedding.v1 import embedding_pb2
 from server.client import AsyncEmbeddingClient, EmbeddingClient
-from tests.conftest import SENTENCES, ServerThread, request, server_config
+from tests.conftest import SENTENCES, GatedBackend, ServerThread, request, server_config
 
 LONG_TEXT = " ".join(["photosynthesis of the chlorophyll"] * 20)  # far beyond the tiny model's 32 tokens
 
@@ -180,16 +180,7 @@ def test_health_not_serving_until_loaded_then_serving_then_not_serving_on_drain(
 
 def test_deadline_passed_while_queued_gives_deadline_exceeded(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts))
-    gate = threading.Event()
-    computed: list[int] = []
-    real = server.server.batcher.run_batch
-
-    def gated(rows):  # type: ignore[no-untyped-def]
-        gate.wait(10)
-        computed.append(len(rows))
-        return real(rows)
-
-    server.server.batcher.run_batch = gated
+    gate = GatedBackend(server.server)
     stub = server.stub()
     try:
         blocker = stub.Embed.future(request("holds the backend"))
@@ -197,20 +188,18 @@ def test_deadline_passed_while_queued_gives_deadline_exceeded(tiny_artifacts) ->
         with pytest.raises(grpc.RpcError) as error:
             stub.Embed(request("too slow", "for me"), timeout=0.3)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        gate.set()
+        gate.release()
         assert len(blocker.result().embeddings) == 1
         assert len(stub.Embed(request("after")).embeddings) == 1
-        assert computed == [1, 1]  # the expired request's two inputs were never computed
+        assert gate.batch_sizes == [1, 1]  # the expired request's two inputs were never computed
     finally:
-        gate.set()
+        gate.release()
         server.stop()
 
 
 def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts, max_queue_tokens=20, max_batch_size=1))
-    gate = threading.Event()
-    real = server.server.batcher.run_batch
-    server.server.batcher.run_batch = lambda rows: (gate.wait(10), real(rows))[1]
+    gate = GatedBackend(server.server)
     tokenizer = server.server.loaded.tokenizer
     stub = server.stub()
     waiting = "the second waits in the queue"
@@ -228,11 +217,11 @@ def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_arti
             stub.Embed(request(overflow))
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert server.server.batcher.queued_tokens == queued_tokens  # nothing of it was queued
-        gate.set()
+        gate.release()
         assert len(running.result().embeddings) == 1 and len(queued.result().embeddings) == 1
         assert len(stub.Embed(request(overflow)).embeddings) == 1  # fits once the queue drained
     finally:
-        gate.set()
+        gate.release()
         server.stop()
 
 
