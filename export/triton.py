@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-TYPES = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.FLOAT: "TYPE_FP32"}
+TYPES: dict[int, str] = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.FLOAT: "TYPE_FP32"}
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int]:
