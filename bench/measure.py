@@ -36,12 +36,10 @@ class BatchRecorder(BatchObserver):
     def __init__(self) -> None:
         self.real = 0
         self.padded = 0
-        self.sizes: list[int] = []
 
     def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None:
         self.real += real_tokens
         self.padded += padded_tokens
-        self.sizes.append(items)
 
     @property
     def waste(self) -> float:

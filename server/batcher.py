@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,8 +56,6 @@ class BatchPolicy:
 class BatchObserver:
     """Hooks for metrics; the defaults do nothing. Called on the event loop thread."""
 
-    def admitted(self, items: int, tokens: int) -> None: ...
-
     def dropped(self, reason: str, items: int) -> None: ...
 
     def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None: ...
@@ -84,7 +82,6 @@ class _Request:
     remaining: int = 0
     queue_seconds: float = 0.0
     inference_seconds: float = 0.0
-    batches: set[int] = field(default_factory=set)
     expired: bool = False
 
 
@@ -116,12 +113,10 @@ class Batcher:
         self._clock = clock
         self._queue: list[_Item] = []
         self._queued_tokens = 0
-        self._in_flight = 0  # items inside the running batch
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
-        self._batch_counter = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
         # A backend that fails every batch is reported unhealthy (health NOT_SERVING) until one succeeds.
@@ -137,10 +132,6 @@ class Batcher:
     @property
     def queued_tokens(self) -> int:
         return self._queued_tokens
-
-    @property
-    def in_flight_items(self) -> int:
-        return self._in_flight
 
     def start(self) -> None:
         if self._task is None:
@@ -177,7 +168,6 @@ class Batcher:
         self._queue.extend(_Item(request, i, row, now) for i, row in enumerate(rows))
         self._queued_tokens += tokens
         self._idle.clear()
-        self._observer.admitted(len(rows), tokens)
         self._observer.queue_changed(len(self._queue), self._queued_tokens)
         self._wakeup.set()
         # If the caller is cancelled, awaiting cancels the future too: its items are then dropped.
@@ -304,13 +294,10 @@ class Batcher:
         return batch
 
     async def _run(self, batch: list[_Item]) -> None:
-        self._batch_counter += 1
-        batch_id = self._batch_counter
         started = self._clock()
         rows = [item.row for item in batch]
         real_tokens = sum(len(r) for r in rows)
         padded_tokens = len(rows) * max(len(r) for r in rows)
-        self._in_flight = len(batch)
         self._observer.queue_changed(len(self._queue), self._queued_tokens)
         self._observer.batch_started(len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch])
         loop = asyncio.get_running_loop()
@@ -330,13 +317,15 @@ class Batcher:
                         InferenceFailed(f"inference failed for this batch ({type(e).__name__})")
                     )
             return
-        finally:
-            self._in_flight = 0
         seconds = self._clock() - started
         self._observer.batch_finished(seconds, ok=True)
         if self._consecutive_failures >= self._unhealthy_after and self._on_backend_health:
             self._on_backend_health(True)
         self._consecutive_failures = 0
+        # Each request with inputs in this batch waited until it started and pays its time once.
+        for request in {id(item.request): item.request for item in batch}.values():
+            request.queue_seconds = max(request.queue_seconds, started - request.admitted_at)
+            request.inference_seconds += seconds
         for row, item in zip(output, batch, strict=True):
             request = item.request
             if request.future.done():
@@ -345,10 +334,6 @@ class Batcher:
                 request.results = np.empty((request.n, output.shape[1]), dtype=np.float32)
             request.results[item.index] = row
             request.remaining -= 1
-            request.queue_seconds = max(request.queue_seconds, started - request.admitted_at)
-            if batch_id not in request.batches:
-                request.batches.add(batch_id)
-                request.inference_seconds += seconds
             if request.remaining == 0:
                 request.future.set_result(
                     EmbedResult(request.results, request.queue_seconds, request.inference_seconds)
