@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +114,18 @@ def corpus_texts(synsets: Iterable[Synset]) -> Iterator[str]:
         yield s.definition
         yield from s.examples
         yield ", ".join(s.lemmas)
+
+
+def training_side(train: Sequence[Synset], held_out: Sequence[Synset]) -> tuple[list[Pair], list[str]]:
+    """The training pairs and the tokenizer/TF-IDF corpus, with every held-out text taken out.
+
+    Synsets are split by key, but WordNet repeats texts across synsets (a definition shared by two
+    senses, a lemma like "pigment"): without this, ~500 held-out texts would be trained on.
+    """
+    held_texts = set(corpus_texts(held_out))
+    pairs = [p for p in build_pairs(train) if p.anchor not in held_texts and p.positive not in held_texts]
+    corpus = [t for t in corpus_texts(train) if t not in held_texts]
+    return pairs, corpus
 
 
 def synset_distinct_batches(

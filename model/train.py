@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from model.data import DEFAULT_WORDNET_DIR, Synset, build_pairs, corpus_texts, read_wordnet, split_synsets
+from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
 from model.tokenizer import pad_id, save_tokenizer, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
@@ -194,11 +194,11 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     if config.max_synsets:
         synsets = synsets[: config.max_synsets]
     train_synsets, held_out = split_synsets(synsets, config.held_out_fraction, config.seed)
-    tokenizer = train_tokenizer(corpus_texts(train_synsets), config.vocab_size, config.model.max_len)
+    pairs, train_corpus = training_side(train_synsets, held_out)
+    tokenizer = train_tokenizer(train_corpus, config.vocab_size, config.model.max_len)
     model_config = replace(config.model, vocab_size=tokenizer.get_vocab_size(), pad_id=pad_id(tokenizer))
     pad = model_config.pad_id
 
-    pairs = build_pairs(train_synsets)
     anchors = encode_texts(tokenizer, [p.anchor for p in pairs], config.train_max_len)
     positives = encode_texts(tokenizer, [p.positive for p in pairs], config.train_max_len)
     index_of = {id(p): i for i, p in enumerate(pairs)}
@@ -239,7 +239,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     model.eval()
 
     trained = model_scores(model, tokenizer, task)
-    tfidf = tfidf_scores(task, list(corpus_texts(train_synsets)))
+    tfidf = tfidf_scores(task, train_corpus)
     evaluation = {"untrained": asdict(untrained), "tfidf": asdict(tfidf), "trained": asdict(trained)}
     summary: dict[str, object] = {
         "steps": config.steps,
