@@ -30,13 +30,16 @@ def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": 50051, "metrics": 9464}  # the server's default ports (DESIGN.md)
+    assert ports == {"grpc": 50051, "metrics": 9464, "health": 50052}  # the server's default ports + health
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["EMBED_HEALTH_PORT"] == "50052"  # the plaintext health-only port the probes reach, TLS or not
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        assert container[probe]["grpc"]["port"] == 50051  # native gRPC probes on the health service
+        assert container[probe]["grpc"]["port"] == ports["health"]  # native gRPC probes on the health service
     assert container["readinessProbe"]["grpc"]["service"] == "embedding.v1.Embedder"
-    grace = float(container["args"][container["args"].index("--grace-seconds") + 1])
-    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert pod["terminationGracePeriodSeconds"] > grace + pause  # Kubernetes never cuts a drain short
+    args = container["args"]
+    grace = float(args[args.index("--grace-seconds") + 1])
+    delay = float(args[args.index("--drain-delay-seconds") + 1])
+    assert pod["terminationGracePeriodSeconds"] > delay + grace  # Kubernetes never cuts a drain short
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
 
@@ -58,3 +61,10 @@ def test_services_hpa_and_pod_monitor_point_at_the_deployment() -> None:
     container_ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert endpoint["port"] in container_ports and endpoint["path"] == "/metrics"
     assert {"targetLabel": "job", "replacement": "embedding"} in endpoint["relabelings"]  # alerts use job=embedding
+
+
+def test_dockerfile_healthcheck_asks_the_plaintext_health_port_the_image_opens() -> None:
+    text = (K8S.parent / "Dockerfile").read_text()
+    assert "EMBED_HEALTH_PORT=50052" in text and "EXPOSE 50051 9464 50052" in text
+    healthcheck = text[text.index("HEALTHCHECK") :].split("\n\n")[0]
+    assert '"--target", "127.0.0.1:50052"' in healthcheck and '"health"' in healthcheck
