@@ -34,7 +34,7 @@ log = logging.getLogger("server")
 VERSION = "0.1.0"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-DRAIN_LINGER_SECONDS = 0.25
+PROBE_TEXT = "backend probe"
 
 
 @dataclass
@@ -82,13 +82,9 @@ class EmbeddingServer:
         self._metrics_http: object | None = None
         self._background: set[asyncio.Task[None]] = set()
         interceptors = []
-        token = config.bearer_token()
+        token = config.bearer_token()  # ValueError for an empty token file: never serve open by accident
         if token:
-            interceptors.append(
-                BearerTokenInterceptor(
-                    token, f"/{SERVICE_NAME}/", status_for, lambda: self.metrics.rejected("unauthenticated")
-                )
-            )
+            interceptors.append(BearerTokenInterceptor(token, f"/{SERVICE_NAME}/", status_for, self._unauthenticated))
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -104,12 +100,26 @@ class EmbeddingServer:
             max_queue_tokens=config.max_queue_tokens,
             max_delay_seconds=config.max_delay_seconds,
         )
-        self.service = EmbedderService(self.state, self.metrics, batching, config.max_streams)
+        self.service = EmbedderService(
+            self.state, self.metrics, batching, config.max_streams, config.max_concurrent_rpcs
+        )
         add_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
         )
+        # With TLS on, Kubernetes' gRPC probes (plaintext only) cannot reach the main port: a plaintext
+        # port that serves nothing but the same health service answers them.
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = 0
+        if config.health_port >= 0:
+            self.health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+
+    def _unauthenticated(self, method: str) -> None:
+        """A call the bearer-token check refused: counted like any other answer the client got."""
+        self.metrics.rejected("unauthenticated")
+        self.metrics.requests.labels(method, grpc.StatusCode.UNAUTHENTICATED.name).inc()
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ("", SERVICE_NAME):
@@ -134,6 +144,11 @@ class EmbeddingServer:
         else:
             self.port = self.grpc_server.add_insecure_port(address)
         await self.grpc_server.start()
+        if self.health_server is not None:
+            health_address = f"{self.config.health_host}:{self.config.health_port}"
+            self.health_port = self.health_server.add_insecure_port(health_address)
+            await self.health_server.start()
+            log.info("plaintext health service on %s:%d", self.config.health_host, self.health_port)
         if self.config.metrics_port >= 0:
             self._metrics_http, self.metrics_port = self.metrics.serve(
                 self.config.metrics_host, self.config.metrics_port
@@ -158,11 +173,18 @@ class EmbeddingServer:
             max_padding_ratio=self.config.max_padding_ratio,
         )
         self.batcher = Batcher(
-            loaded.runtime.run_rows, policy, observer=self.metrics, on_backend_health=self._backend_health
+            loaded.runtime.run_rows,
+            policy,
+            observer=self.metrics,
+            on_backend_health=self._backend_health,
+            probe_rows=loaded.tokenizer.encode([PROBE_TEXT], truncate=True).rows,
+            probe_interval=self.config.backend_probe_seconds,
         )
         self.metrics.queue_capacity_tokens.set(policy.max_queue_tokens)
         self.batcher.start()
-        limits = Limits(self.config.max_client_batch_size, self.config.max_input_chars)
+        limits = Limits(
+            self.config.max_client_batch_size, self.config.max_input_chars, self.config.max_tokenizing_chars
+        )
         self.loaded = loaded
         self.metrics.model_info.info(
             {
@@ -190,21 +212,28 @@ class EmbeddingServer:
         )
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: NOT_SERVING, refuse new RPCs, answer every admitted request within the grace period."""
+        """Drain without refusing anything that reached this server.
+
+        Health turns NOT_SERVING at once and requests go on being served for ``drain_delay_seconds``,
+        while load balancers take the server out of rotation. Then gRPC's own stop refuses new calls
+        at the transport (GOAWAY: a client retries those elsewhere, transparently) and the calls in
+        progress get ``grace`` seconds to finish; only then do the batcher and metrics stop.
+        """
         grace = self.config.grace_seconds if grace is None else grace
-        deadline = time.monotonic() + grace
-        log.info("draining (grace %.1f s)", grace)
-        self.state.draining = True  # from here new RPCs get UNAVAILABLE from our handlers
+        delay = self.config.drain_delay_seconds
+        log.info("draining: NOT_SERVING; serving on for %.1f s, then %.1f s for calls in progress", delay, grace)
+        self.state.draining = True
         await self.health.enter_graceful_shutdown()
-        # Admitted work finishes while the transport is still up, so its answers get out; only then
-        # does gRPC stop (which would cancel calls that race with it rather than refuse them cleanly).
-        while (self.state.in_flight or (self.batcher and self.batcher.queued_items)) and time.monotonic() < deadline:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        deadline = time.monotonic() + grace
+        stopping = asyncio.create_task(self.grpc_server.stop(grace))
+        while self.state.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        # Clients whose last answer just went out may already be sending again: refuse those cleanly
-        # (UNAVAILABLE) for a moment instead of letting gRPC's stop cancel them mid-flight.
-        await asyncio.sleep(min(DRAIN_LINGER_SECONDS, max(0.0, deadline - time.monotonic())))
         cut_off = self.state.in_flight
-        await self.grpc_server.stop(max(0.0, deadline - time.monotonic()))
+        await stopping
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         if self.batcher is not None:
             await self.batcher.drain(timeout=1.0)
             await self.batcher.close()
@@ -245,6 +274,11 @@ async def serve(config: ServerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config.bearer_token()  # an empty or unreadable token file stops us here, before anything listens
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        sys.exit(2)
     if config.workers > 1:
         from server.workers import run_workers
 

@@ -31,7 +31,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         token: str,
         protected_prefix: str,
         status_for: Callable[[Unauthenticated], grpc.StatusCode],
-        on_reject: Callable[[], None],
+        on_reject: Callable[[str], None],  # called with the refused method's name, e.g. "Embed"
     ) -> None:
         self._expected = f"Bearer {token}".encode()
         self._prefix = protected_prefix
@@ -55,7 +55,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             handler_call_details.invocation_metadata
         ):
             return handler
-        self._on_reject()
+        self._on_reject(handler_call_details.method.rsplit("/", 1)[-1])
         error = Unauthenticated("missing or invalid bearer token (metadata 'authorization: Bearer <token>')")
         code = self._status_for(error)
 

@@ -13,7 +13,13 @@ errors. Policy (see docs/architecture.md):
   of its oldest item); while a batch runs, the next one fills;
 * admission: a request whose tokens would push the queue past ``max_queue_tokens`` is refused whole
   and at once; nothing of it is queued;
-* items of a request that was cancelled, failed or is past its deadline are dropped before inference.
+* items of a request that was cancelled or failed are swept out of the queue at once (admission and
+  the queue gauges see the room straight away); a request whose deadline cannot be met (it would
+  still be waiting when the deadline comes, less the expected batch time) is failed with
+  DeadlineExceeded and its items dropped before inference, before gRPC would cancel it;
+* any exception while running or finishing a batch fails only that batch's requests; the loop is
+  watched and restarted if it dies anyway; a backend that fails ``unhealthy_after`` batches in a row
+  is reported unhealthy and probed in the background until a probe batch succeeds.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class BatchObserver:
 
     def batch_finished(self, seconds: float, ok: bool) -> None: ...
 
+    # Called with the queue's real contents after every change (submit, batch taken, items dropped).
     def queue_changed(self, items: int, tokens: int) -> None: ...
 
 
@@ -79,10 +86,12 @@ class _Request:
     admitted_at: float
     future: asyncio.Future[EmbedResult]
     results: np.ndarray | None = None
-    remaining: int = 0
+    remaining: int = 0  # items not yet computed
+    queued: int = 0  # items still waiting in the queue (not in a running batch)
     queue_seconds: float = 0.0
     inference_seconds: float = 0.0
     expired: bool = False
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass(eq=False)
@@ -97,6 +106,9 @@ class _Item:
         return len(self.row)
 
 
+MIN_DEADLINE_MARGIN = 0.005  # seconds: a request still queued this close to its deadline cannot make it
+
+
 class Batcher:
     def __init__(
         self,
@@ -106,6 +118,8 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         on_backend_health: Callable[[bool], None] | None = None,
         unhealthy_after: int = 5,
+        probe_rows: Sequence[np.ndarray] = (),
+        probe_interval: float = 1.0,
     ) -> None:
         self.run_batch = run_batch  # public so tests and fault injection can wrap it
         self.policy = policy
@@ -113,16 +127,26 @@ class Batcher:
         self._clock = clock
         self._queue: list[_Item] = []
         self._queued_tokens = 0
+        self._running: list[_Item] = []  # the batch in the backend now
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._closing = False
+        self._closing = False  # refuse new requests
+        self._stopping = False  # the loop ends after the running batch
+        self._sweep_pending = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
-        # A backend that fails every batch is reported unhealthy (health NOT_SERVING) until one succeeds.
+        self._expected_batch_seconds = 0.0  # moving average of recent batch times
+        # A backend that fails every batch is reported unhealthy (health NOT_SERVING) and probed with
+        # probe_rows every probe_interval seconds until a batch succeeds: once load balancers stop
+        # sending, no real batch would ever tell it has recovered.
         self._on_backend_health = on_backend_health
         self._unhealthy_after = unhealthy_after
         self._consecutive_failures = 0
+        self._healthy = True
+        self._probe_rows = list(probe_rows)
+        self._probe_interval = probe_interval
+        self._probe_task: asyncio.Task[None] | None = None
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -133,9 +157,14 @@ class Batcher:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
     def start(self) -> None:
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
+            self._task.add_done_callback(self._loop_ended)
 
     async def submit(self, rows: Sequence[np.ndarray], deadline: float | None = None) -> EmbedResult:
         """Queue one request's token rows and wait for their embeddings, in order.
@@ -158,19 +187,20 @@ class Batcher:
                 f"queue full ({self._queued_tokens} of {self.policy.max_queue_tokens} tokens waiting); retry later"
             )
         now = self._clock()
+        loop = asyncio.get_running_loop()
         request = _Request(
-            n=len(rows),
-            deadline=deadline,
-            admitted_at=now,
-            future=asyncio.get_running_loop().create_future(),
-            remaining=len(rows),
+            n=len(rows), deadline=deadline, admitted_at=now, future=loop.create_future(), remaining=len(rows)
         )
+        request.queued = len(rows)
         self._queue.extend(_Item(request, i, row, now) for i, row in enumerate(rows))
         self._queued_tokens += tokens
         self._idle.clear()
-        self._observer.queue_changed(len(self._queue), self._queued_tokens)
+        self._publish_queue()
+        if deadline is not None:
+            self._arm_deadline(request)
+        request.future.add_done_callback(lambda _: self._request_done(request))
         self._wakeup.set()
-        # If the caller is cancelled, awaiting cancels the future too: its items are then dropped.
+        # If the caller is cancelled, awaiting cancels the future too: its items are then swept out.
         return await request.future
 
     async def drain(self, timeout: float | None = None) -> bool:
@@ -183,36 +213,62 @@ class Batcher:
         except TimeoutError:
             return False
 
-    async def close(self) -> None:
-        self._closing = True
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop: the batch in the backend finishes and is answered; requests still queued get NotReady.
+
+        Never blocks the event loop: a batch that outlasts ``timeout`` has its requests failed and is
+        left to finish in its thread.
+        """
+        self._closing = self._stopping = True
+        self._wakeup.set()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for item in self._queue:
-            if not item.request.future.done():
-                item.request.future.set_exception(NotReady("the server stopped before this request ran"))
+            _, pending = await asyncio.wait({self._task}, timeout=timeout)
+            for task in pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        stopped = NotReady("the server stopped before this request ran")
+        self._fail(self._running + self._queue, stopped)
+        self._running = []
         self._queue.clear()
-        self._executor.shutdown(wait=True)
+        self._queued_tokens = 0
+        self._publish_queue()
+        self._idle.set()
+        self._executor.shutdown(wait=False)
 
     # ---- the loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             if not self._queue:
                 self._idle.set()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             await self._wait_for_fill()
+            if self._stopping:
+                break
             batch = self._take_batch()
             if batch:
                 await self._run(batch)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """Watchdog: a loop that died of a bug fails its batch and is restarted, never left dead."""
+        if task.cancelled() or task.exception() is None or self._stopping:
+            return
+        log.error("the batch loop died; restarting it", exc_info=task.exception())
+        self._fail(self._running, InferenceFailed("internal error while running this batch"))
+        self._running = []
+        self._note_failure()
+        self._task = None
+        self.start()
 
     async def _wait_for_fill(self) -> None:
         """At low load, let a batch fill for up to max_delay after its oldest item arrived."""
         if self.policy.max_delay <= 0:
             return
-        while self._queue and len(self._queue) < self.policy.max_batch_size:
+        while self._queue and len(self._queue) < self.policy.max_batch_size and not self._stopping:
             remaining = self._queue[0].enqueued_at + self.policy.max_delay - self._clock()
             if remaining <= 0:
                 return
@@ -222,33 +278,90 @@ class Batcher:
             except TimeoutError:
                 return
 
+    # ---- deadlines, cancellation and the queue's bookkeeping ----------------------------------
+    def _deadline_margin(self) -> float:
+        """How long before its deadline a request must leave the queue to have a chance."""
+        return max(MIN_DEADLINE_MARGIN, self._expected_batch_seconds)
+
+    def _arm_deadline(self, request: _Request) -> None:
+        assert request.deadline is not None
+        delay = request.deadline - self._deadline_margin() - self._clock()
+        request.timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._deadline_due, request)
+
+    def _deadline_due(self, request: _Request) -> None:
+        """Fail a request whose deadline cannot be met while it still waits, before gRPC cancels it."""
+        request.timer = None
+        if request.future.done() or request.queued == 0:
+            return  # answered, or all its items are computing already
+        assert request.deadline is not None
+        if self._clock() < request.deadline - self._deadline_margin():
+            self._arm_deadline(request)  # batches got faster meanwhile: check again later
+            return
+        request.expired = True
+        request.future.set_exception(DeadlineExceeded("the deadline would pass before this request could run"))
+
+    def _request_done(self, request: _Request) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+        if request.queued and not self._sweep_pending:
+            # Failed, cancelled or expired with items still queued: free their room now, not at the
+            # next batch, so admission and the queue gauges see the real queue.
+            self._sweep_pending = True
+            asyncio.get_running_loop().call_soon(self._drop_dead)
+
     def _drop_dead(self) -> None:
-        """Remove items whose request is finished (cancelled, failed) or past its deadline."""
+        """Remove items whose request is finished (cancelled, failed) or cannot meet its deadline."""
+        self._sweep_pending = False
         now = self._clock()
         alive: list[_Item] = []
         dropped: dict[str, int] = {}
         for item in self._queue:
             request = item.request
-            if not request.future.done() and request.deadline is not None and now >= request.deadline:
+            deadline = request.deadline
+            if not request.future.done() and deadline is not None and now >= deadline - self._deadline_margin():
                 request.expired = True
                 request.future.set_exception(DeadlineExceeded("the deadline passed while the request was queued"))
             if request.future.done():
-                reason = "cancelled" if request.future.cancelled() else "deadline" if request.expired else "failed"
+                past_deadline = deadline is not None and now >= deadline
+                if request.expired or (request.future.cancelled() and past_deadline):
+                    reason = "deadline"  # gRPC cancels a handler at its deadline: that is a deadline too
+                else:
+                    reason = "cancelled" if request.future.cancelled() else "failed"
                 dropped[reason] = dropped.get(reason, 0) + 1
                 self._queued_tokens -= item.length
+                request.queued -= 1
             else:
                 alive.append(item)
         if dropped:
             self._queue = alive
             for reason, count in dropped.items():
                 self._observer.dropped(reason, count)
+            self._publish_queue()
+            if not self._queue:
+                self._wakeup.set()  # a loop waiting for the batch to fill sees the queue is empty
 
+    def _publish_queue(self) -> None:
+        self._observer.queue_changed(len(self._queue), self._queued_tokens)
+
+    @staticmethod
+    def _fail(items: Sequence[_Item], error: Exception) -> None:
+        for item in items:
+            if not item.request.future.done():
+                item.request.future.set_exception(error)
+
+    # ---- forming a batch --------------------------------------------------------------------
     def _take_batch(self) -> list[_Item]:
         self._drop_dead()
         if not self._queue:
             return []
-        if not self.policy.length_sorted:
-            return self._take_fifo()
+        batch = self._take_sorted() if self.policy.length_sorted else self._take_fifo()
+        for item in batch:
+            item.request.queued -= 1
+        self._publish_queue()
+        return batch
+
+    def _take_sorted(self) -> list[_Item]:
         window = self._queue[: self.policy.sort_window]
         by_length = sorted(range(len(window)), key=lambda i: (window[i].length, i))
         lo = hi = by_length.index(0)  # the oldest item's place in length order
@@ -294,34 +407,44 @@ class Batcher:
         return batch
 
     async def _run(self, batch: list[_Item]) -> None:
+        """Run one batch and answer its requests. Any failure fails only this batch's requests."""
+        self._running = batch
         started = self._clock()
-        rows = [item.row for item in batch]
-        real_tokens = sum(len(r) for r in rows)
-        padded_tokens = len(rows) * max(len(r) for r in rows)
-        self._observer.queue_changed(len(self._queue), self._queued_tokens)
-        self._observer.batch_started(len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch])
-        loop = asyncio.get_running_loop()
         try:
-            output = await loop.run_in_executor(self._executor, self.run_batch, rows)
-            if output.shape[0] != len(batch):
-                raise RuntimeError(f"backend returned {output.shape[0]} rows for {len(batch)}")
+            rows = [item.row for item in batch]
+            real_tokens = sum(len(r) for r in rows)
+            padded_tokens = len(rows) * max(len(r) for r in rows)
+            self._observer.batch_started(
+                len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch]
+            )
+            output = await asyncio.get_running_loop().run_in_executor(self._executor, self.run_batch, rows)
+            seconds = self._clock() - started
+            self._scatter(batch, output, started, seconds)
+        except asyncio.CancelledError:
+            self._fail(batch, NotReady("the server stopped while this request ran"))
+            self._running = []
+            raise
         except Exception as e:  # one bad batch must not take the server down
+            self._running = []
+            self._fail(batch, InferenceFailed(f"inference failed for this batch ({type(e).__name__})"))
             log.exception("inference failed for a batch of %d items", len(batch))
             self._observer.batch_finished(self._clock() - started, ok=False)
-            self._consecutive_failures += 1
-            if self._consecutive_failures == self._unhealthy_after and self._on_backend_health:
-                self._on_backend_health(False)
-            for item in batch:
-                if not item.request.future.done():
-                    item.request.future.set_exception(
-                        InferenceFailed(f"inference failed for this batch ({type(e).__name__})")
-                    )
+            self._note_failure()
             return
-        seconds = self._clock() - started
+        self._running = []
         self._observer.batch_finished(seconds, ok=True)
-        if self._consecutive_failures >= self._unhealthy_after and self._on_backend_health:
-            self._on_backend_health(True)
-        self._consecutive_failures = 0
+        self._expected_batch_seconds = 0.7 * self._expected_batch_seconds + 0.3 * seconds
+        self._note_success()
+
+    @staticmethod
+    def _check_output(output: object, rows: int) -> np.ndarray:
+        if not isinstance(output, np.ndarray) or output.ndim != 2 or output.shape[0] != rows:
+            shape = getattr(output, "shape", type(output).__name__)
+            raise RuntimeError(f"backend returned {shape} for {rows} rows; expected ({rows}, dim)")
+        return output
+
+    def _scatter(self, batch: list[_Item], output: object, started: float, seconds: float) -> None:
+        output = self._check_output(output, len(batch))
         # Each request with inputs in this batch waited until it started and pays its time once.
         for request in {id(item.request): item.request for item in batch}.values():
             request.queue_seconds = max(request.queue_seconds, started - request.admitted_at)
@@ -338,3 +461,40 @@ class Batcher:
                 request.future.set_result(
                     EmbedResult(request.results, request.queue_seconds, request.inference_seconds)
                 )
+
+    # ---- backend health ---------------------------------------------------------------------
+    def _note_failure(self) -> None:
+        self._consecutive_failures += 1
+        if self._consecutive_failures >= self._unhealthy_after and self._healthy:
+            self._healthy = False
+            if self._on_backend_health:
+                self._on_backend_health(False)
+            if self._probe_rows and not self._stopping:
+                self._probe_task = asyncio.get_running_loop().create_task(self._probe(), name="backend-probe")
+
+    def _note_success(self) -> None:
+        self._consecutive_failures = 0
+        if not self._healthy:
+            self._healthy = True
+            if self._probe_task is not None:
+                self._probe_task.cancel()
+                self._probe_task = None
+            if self._on_backend_health:
+                self._on_backend_health(True)
+
+    async def _probe(self) -> None:
+        """While unhealthy: run a small batch now and then, so the backend can recover without traffic."""
+        loop = asyncio.get_running_loop()
+        while not self._healthy and not self._stopping:
+            await asyncio.sleep(self._probe_interval)
+            if self._running or self._queue:
+                continue  # real batches are testing the backend
+            try:
+                output = await loop.run_in_executor(self._executor, self.run_batch, self._probe_rows)
+                self._check_output(output, len(self._probe_rows))
+            except Exception as e:
+                log.warning("backend probe failed (%s: %s); still NOT_SERVING", type(e).__name__, e)
+                continue
+            log.info("backend probe succeeded")
+            self._probe_task = None
+            self._note_success()

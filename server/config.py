@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,12 +32,18 @@ class ServerConfig:
     max_input_chars: int = 20000  # characters per input, checked before tokenization
     max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
     max_streams: int = 64  # EmbedStream RPCs open at once; more get RESOURCE_EXHAUSTED
+    max_concurrent_rpcs: int = 512  # Embed/EmbedStream/Info calls in progress at once; more get RESOURCE_EXHAUSTED
+    max_tokenizing_chars: int = 4 * 1024 * 1024  # characters waiting for or in tokenization; more: RESOURCE_EXHAUSTED
     tls_cert: str = ""  # PEM certificate chain: serve TLS (with tls_key)
     tls_key: str = ""  # PEM private key of tls_cert
     tls_client_ca: str = ""  # PEM CA bundle: require client certificates it signed (mutual TLS)
     auth_token_file: str = ""  # file holding the bearer token Embedder calls must present
     auth_token: str = ""  # the token itself; prefer EMBED_AUTH_TOKEN or the file (a flag shows in `ps`)
-    grace_seconds: float = 10.0  # on SIGTERM/SIGINT: time given to admitted requests before exit
+    drain_delay_seconds: float = 1.0  # on SIGTERM: keep serving (health NOT_SERVING) while load balancers stop sending
+    grace_seconds: float = 10.0  # then: gRPC refuses new calls and in-flight ones get this long to finish
+    health_host: str = "0.0.0.0"  # bind address of the plaintext health-only port
+    health_port: int = -1  # plaintext grpc.health.v1 only, for probes when --tls-cert is set; -1 = off
+    backend_probe_seconds: float = 1.0  # while the backend is unhealthy, probe it this often
     intra_op_threads: int = 0  # ONNX Runtime threads per inference; 0 = one per physical core
     tokenizer_threads: int = 2  # threads tokenizing off the event loop
     workers: int = 1  # server processes sharing the port (SO_REUSEPORT); see server/workers.py
@@ -54,8 +61,19 @@ class ServerConfig:
                 problems.append(f"{name} must be at least 1")
         if not 0.0 <= self.max_padding_ratio <= 1.0:
             problems.append("max_padding_ratio must be between 0 and 1")
-        if self.max_delay_ms < 0 or self.grace_seconds < 0:
-            problems.append("max_delay_ms and grace_seconds must not be negative")
+        if self.max_delay_ms < 0 or self.grace_seconds < 0 or self.drain_delay_seconds < 0:
+            problems.append("max_delay_ms, drain_delay_seconds and grace_seconds must not be negative")
+        if self.backend_probe_seconds <= 0:
+            problems.append("backend_probe_seconds must be positive")
+        if self.max_concurrent_rpcs < 1:
+            problems.append("max_concurrent_rpcs must be at least 1")
+        if self.max_tokenizing_chars < self.max_client_batch_size * self.max_input_chars:
+            problems.append(
+                "max_tokenizing_chars must hold at least one largest request "
+                f"(max_client_batch_size x max_input_chars = {self.max_client_batch_size * self.max_input_chars})"
+            )
+        if self.auth_token and not self.auth_token.strip():
+            problems.append("auth_token is blank: give a real token or none")
         if bool(self.tls_cert) != bool(self.tls_key):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -68,9 +86,14 @@ class ServerConfig:
             raise ValueError("; ".join(problems))
 
     def bearer_token(self) -> str:
+        """The token callers must present, or "" when auth is off. Raises ValueError for an empty file."""
         if self.auth_token_file:
-            return Path(self.auth_token_file).read_text().strip()
-        return self.auth_token
+            token = Path(self.auth_token_file).read_text().strip()
+            if not token:
+                # An empty secret mount must not silently turn authentication off.
+                raise ValueError(f"auth_token_file {self.auth_token_file} is empty: refusing to serve without a token")
+            return token
+        return self.auth_token.strip()
 
     @property
     def max_delay_seconds(self) -> float:
@@ -103,6 +126,11 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             help=f"(env {env_name(f.name)}; default {f.default})",
         )
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    flag_given = any(a == "--auth-token" or a.startswith("--auth-token=") for a in given)
+    if (flag_given or env_name("auth_token") in environ) and not args.auth_token.strip():
+        # Set but empty (an empty secret): that is a broken deployment, not a request to turn auth off.
+        parser.error(f"--auth-token / {env_name('auth_token')} is set but empty: refusing to serve without a token")
     try:
         return ServerConfig(**vars(args))
     except ValueError as e:

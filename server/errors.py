@@ -33,3 +33,7 @@ class InferenceFailed(EmbedError):
 
 class Unauthenticated(EmbedError):
     """No valid credentials; nothing was computed."""
+
+
+class Internal(EmbedError):
+    """An unexpected failure inside the server; the details go to the server log, not to the client."""

@@ -6,7 +6,9 @@ server/service.py wraps it in gRPC; tests and the benchmark can drive it directl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,15 +17,17 @@ import numpy as np
 from server.batcher import Batcher
 from server.errors import InvalidInput, Overloaded
 from server.metrics import Metrics
-from server.tokenize import TextTokenizer
+from server.tokenize import Encoded, TextTokenizer
 
 MIN_TOKENS_PER_INPUT = 2  # [CLS] and [SEP]
+INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event loop (~20 us a short text)
 
 
 @dataclass(frozen=True)
 class Limits:
     max_client_batch_size: int
     max_input_chars: int
+    max_tokenizing_chars: int = 4 * 1024 * 1024  # characters waiting for or in tokenization, all requests
 
 
 @dataclass(frozen=True)
@@ -41,21 +45,28 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-def validate(texts: list[str], limits: Limits) -> None:
-    """Cheap checks before any tokenization; messages name the offending input."""
+def validate(texts: Sequence[str], limits: Limits, prepare: Callable[[str], str] = str) -> list[str]:
+    """Cheap checks before any tokenization, in one pass; messages name the offending input.
+
+    Returns each text passed through ``prepare`` (the tokenizer's cut when truncating), so a long
+    input is read from the request once and only its prefix is kept.
+    """
     if not texts:
         raise InvalidInput("inputs is empty: send at least one text")
     if len(texts) > limits.max_client_batch_size:
         raise InvalidInput(
             f"{len(texts)} inputs, more than max_client_batch_size={limits.max_client_batch_size}; split the request"
         )
+    prepared = []
     for i, text in enumerate(texts):
-        if not text.strip():
+        if not text or text.isspace():
             raise InvalidInput(f"inputs[{i}] is empty or only whitespace")
         if len(text) > limits.max_input_chars:
             raise InvalidInput(
                 f"inputs[{i}] has {len(text)} characters, more than max_input_chars={limits.max_input_chars}"
             )
+        prepared.append(prepare(text))
+    return prepared
 
 
 class Pipeline:
@@ -72,16 +83,28 @@ class Pipeline:
         self.limits = limits
         self.metrics = metrics
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
+        self._tokenizing_chars = 0  # the tokenization stage's load: it refuses work beyond its limit
 
-    async def embed(self, texts: list[str], truncate: bool, normalize: bool, deadline: float | None) -> Embedded:
-        validate(texts, self.limits)
+    async def embed(self, texts: Sequence[str], truncate: bool, normalize: bool, deadline: float | None) -> Embedded:
+        """``texts`` may be the request message's own sequence: it is read, never kept whole."""
+        prepared = validate(texts, self.limits, self.tokenizer.cut if truncate else str)
         policy = self.batcher.policy
-        if self.batcher.queued_tokens + MIN_TOKENS_PER_INPUT * len(texts) > policy.max_queue_tokens:
+        min_tokens = MIN_TOKENS_PER_INPUT * len(texts)
+        if min_tokens > policy.max_queue_tokens:
+            raise InvalidInput(
+                f"{len(texts)} inputs need at least {min_tokens} tokens, more than the server queues at once "
+                f"({policy.max_queue_tokens}); split the request"
+            )
+        if self.batcher.queued_tokens + min_tokens > policy.max_queue_tokens:
             # Refuse before paying for tokenization: the queue cannot take even the shortest version.
             raise Overloaded(f"queue full ({self.batcher.queued_tokens} tokens waiting); retry later")
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        encoded = await loop.run_in_executor(self._tokenize_pool, self.tokenizer.encode, texts, truncate)
+        chars = sum(len(t) for t in prepared)
+        if chars <= INLINE_TOKENIZE_CHARS:
+            # Cheaper than a thread hop, and a short request never waits behind long ones' tokenization.
+            encoded = self.tokenizer.encode(prepared, truncate, texts)
+        else:
+            encoded = await self._tokenize_in_pool(prepared, truncate, texts, chars)
         tokenize_seconds = time.perf_counter() - started
         self.metrics.tokenize_duration.observe(tokenize_seconds)
         result = await self.batcher.submit(encoded.rows, deadline)
@@ -97,6 +120,24 @@ class Pipeline:
             queue_seconds=result.queue_seconds,
             inference_seconds=result.inference_seconds,
         )
+
+    async def _tokenize_in_pool(self, prepared: list[str], truncate: bool, texts: Sequence[str], chars: int) -> Encoded:
+        """The bounded tokenization stage: at most max_tokenizing_chars in progress, the rest refused."""
+        if self._tokenizing_chars + chars > self.limits.max_tokenizing_chars:
+            raise Overloaded(f"tokenization is full ({self._tokenizing_chars} characters in progress); retry later")
+        loop = asyncio.get_running_loop()
+        self._tokenizing_chars += chars
+        work = self._tokenize_pool.submit(self.tokenizer.encode, prepared, truncate, texts)
+
+        def release(_: object) -> None:  # when the thread is done, even if this caller was cancelled
+            with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing left to count
+                loop.call_soon_threadsafe(self._release_tokenizing, chars)
+
+        work.add_done_callback(release)
+        return await asyncio.wrap_future(work)
+
+    def _release_tokenizing(self, chars: int) -> None:
+        self._tokenizing_chars -= chars
 
     def close(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)

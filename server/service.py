@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from server.errors import (
     DeadlineExceeded,
     EmbedError,
     InferenceFailed,
+    Internal,
     InvalidInput,
     NotReady,
     Overloaded,
@@ -26,6 +28,7 @@ from server.errors import (
 from server.metrics import Metrics
 from server.pipeline import Embedded, Pipeline
 
+log = logging.getLogger(__name__)
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
 
 # The one translation table from domain errors to gRPC status codes (README, "Status codes").
@@ -36,6 +39,7 @@ STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Cancelled: grpc.StatusCode.CANCELLED,
     InferenceFailed: grpc.StatusCode.INTERNAL,
+    Internal: grpc.StatusCode.INTERNAL,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
@@ -93,6 +97,14 @@ def status_for(error: EmbedError) -> grpc.StatusCode:
     return STATUS_FOR_ERROR.get(type(error), grpc.StatusCode.INTERNAL)
 
 
+def as_domain_error(error: Exception, method: str) -> EmbedError:
+    """A domain error as it is; anything else is a bug: logged with its traceback, answered INTERNAL."""
+    if isinstance(error, EmbedError):
+        return error
+    log.error("unexpected error in %s", method, exc_info=error)
+    return Internal(f"internal error ({type(error).__name__}); the server log has the details")
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     model_id: str
@@ -105,7 +117,11 @@ class ModelInfo:
 
 
 class ServingState:
-    """What the servicer needs to know about the server's life: ready, draining."""
+    """What the servicer needs to know about the server's life: ready, draining.
+
+    Draining does not refuse requests here: every request that reached the server is served, and
+    gRPC's own stop() refuses new calls at the transport (see EmbeddingServer.stop).
+    """
 
     def __init__(self) -> None:
         self.pipeline: Pipeline | None = None
@@ -114,8 +130,6 @@ class ServingState:
         self.in_flight = 0  # RPCs inside a handler now; drain waits for this to reach 0
 
     def ready_pipeline(self) -> Pipeline:
-        if self.draining:
-            raise NotReady("the server is shutting down; retry on another replica")
         if self.pipeline is None:
             raise NotReady("the model is still loading; retry shortly")
         return self.pipeline
@@ -138,12 +152,18 @@ def to_response(result: Embedded, total_seconds: float) -> embedding_pb2.EmbedRe
 
 class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
     def __init__(
-        self, state: ServingState, metrics: Metrics, batching: embedding_pb2.InfoResponse, max_streams: int = 64
+        self,
+        state: ServingState,
+        metrics: Metrics,
+        batching: embedding_pb2.InfoResponse,
+        max_streams: int = 64,
+        max_concurrent_rpcs: int = 512,
     ) -> None:
         self.state = state
         self.metrics = metrics
         self._batching = batching  # the limits part of Info, fixed at start
         self._max_streams = max_streams
+        self._max_concurrent_rpcs = max_concurrent_rpcs
         self._open_streams = 0
 
     @contextlib.contextmanager
@@ -161,6 +181,10 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
             code[0] = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             self.metrics.rejected("deadline" if expired else "cancelled")
             raise
+        except BaseException:
+            if code[0] == grpc.StatusCode.OK:  # escaped every handler: gRPC answers UNKNOWN, so count that
+                code[0] = grpc.StatusCode.UNKNOWN
+            raise
         finally:
             self.state.in_flight -= 1
             self.metrics.in_flight.dec()
@@ -170,11 +194,14 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
     async def _embed(self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> Embedded:
         if isinstance(request, MalformedRequest):
             raise InvalidInput(request.message)
+        if self.state.in_flight > self._max_concurrent_rpcs:  # counts this one too
+            raise Overloaded(f"more than {self._max_concurrent_rpcs} requests in progress; retry later")
         pipeline = self.state.ready_pipeline()
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         normalize = request.normalize if request.HasField("normalize") else True
-        return await pipeline.embed(list(request.inputs), request.truncate, normalize, deadline)
+        # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
+        return await pipeline.embed(request.inputs, request.truncate, normalize, deadline)
 
     def _reject(self, error: EmbedError) -> None:
         """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
@@ -191,11 +218,13 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
             started = time.perf_counter()
             try:
                 result = await self._embed(request, context)
-            except EmbedError as e:
-                code[0] = status_for(e)
-                self._reject(e)
-                await context.abort(code[0], str(e))
-            return to_response(result, time.perf_counter() - started)
+                return to_response(result, time.perf_counter() - started)
+            except Exception as e:
+                error = as_domain_error(e, "Embed")
+                code[0] = status_for(error)
+                self._reject(error)
+                await context.abort(code[0], str(error))
+                raise AssertionError("unreachable: abort raises") from None
 
     async def EmbedStream(
         self, request_iterator: AsyncIterator[embedding_pb2.EmbedRequest], context: grpc.aio.ServicerContext
@@ -208,24 +237,29 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                 status_for(Overloaded("")), f"{self._open_streams} streams open, the limit; retry later"
             )
         self._open_streams += 1
-        pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue(STREAM_WINDOW)
+        # The semaphore bounds the requests computing at once; a task is created only once it holds a
+        # place, so a stream cancelled while its reader waits for room leaves no task behind.
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue()
 
         async def one(request: embedding_pb2.EmbedRequest) -> embedding_pb2.EmbedResponse:
             with self._observe("EmbedStream", context) as code:
                 started = time.perf_counter()
                 try:
                     return to_response(await self._embed(request, context), time.perf_counter() - started)
-                except EmbedError as e:
-                    code[0] = status_for(e)
-                    self._reject(e)
-                    raise
+                except Exception as e:
+                    error = as_domain_error(e, "EmbedStream")
+                    code[0] = status_for(error)
+                    self._reject(error)
+                    raise error from None
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await pending.put(asyncio.create_task(one(request)))
+                    await window.acquire()
+                    pending.put_nowait(asyncio.create_task(one(request)))
             finally:
-                await pending.put(None)
+                pending.put_nowait(None)
 
         reader = asyncio.create_task(read())
         position = 0
@@ -235,6 +269,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                     response = await task
                 except EmbedError as e:
                     await context.abort(status_for(e), f"stream request {position}: {e}")
+                window.release()
                 yield response
                 position += 1
             await reader  # surfaces a failure to read the stream
@@ -250,22 +285,28 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.InfoResponse:
         with self._observe("Info", context) as code:
-            if isinstance(request, MalformedRequest):
-                code[0] = grpc.StatusCode.INVALID_ARGUMENT
-                self.metrics.rejected("invalid")
-                await context.abort(code[0], request.message)
-            info = self.state.info
-            if info is None:
-                code[0] = grpc.StatusCode.UNAVAILABLE
-                await context.abort(code[0], "the model is still loading; retry shortly")
-                raise AssertionError("unreachable: abort raises")
-            response = embedding_pb2.InfoResponse()
-            response.CopyFrom(self._batching)
-            response.model_id = info.model_id
-            response.model_version = info.model_version
-            response.dim = info.dim
-            response.max_input_length = info.max_input_length
-            response.execution_provider = info.execution_provider
-            response.precision = info.precision
-            response.version = info.version
-            return response
+            try:
+                return self._info(request)
+            except Exception as e:
+                error = as_domain_error(e, "Info")
+                code[0] = status_for(error)
+                self._reject(error)
+                await context.abort(code[0], str(error))
+                raise AssertionError("unreachable: abort raises") from None
+
+    def _info(self, request: embedding_pb2.InfoRequest) -> embedding_pb2.InfoResponse:
+        if isinstance(request, MalformedRequest):
+            raise InvalidInput(request.message)
+        info = self.state.info
+        if info is None:
+            raise NotReady("the model is still loading; retry shortly")
+        response = embedding_pb2.InfoResponse()
+        response.CopyFrom(self._batching)
+        response.model_id = info.model_id
+        response.model_version = info.model_version
+        response.dim = info.dim
+        response.max_input_length = info.max_input_length
+        response.execution_provider = info.execution_provider
+        response.precision = info.precision
+        response.version = info.version
+        return response

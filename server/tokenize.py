@@ -3,10 +3,17 @@
 Two tokenizer instances are configured once and never mutated (Tokenizer settings are not safe to
 change while other threads encode): one counts the full length, one truncates to the model's limit.
 ``encode_batch`` releases the GIL, so callers run ``encode`` in worker threads.
+
+With truncation on, ``prepare`` first cuts a long text at a word boundary: the tokenizer splits words
+at whitespace before WordPiece, so a prefix made of whole words gives the same first tokens as the
+whole text. When the prefix alone still needs truncating, the result is exactly the whole text's,
+for a fraction of the work and memory (a 20,000-character input costs ~max_length x 10 characters).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +21,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from server.errors import InvalidInput
+
+CUT_CHARS_PER_TOKEN = 10  # prefix kept per allowed token; real text averages 4-6 characters a token
+_LAST_WHITESPACE = re.compile(r"\s\S*\Z")
 
 
 @dataclass(frozen=True)
@@ -37,8 +47,23 @@ class TextTokenizer:
         self.counting = Tokenizer.from_file(str(path))
         self.counting.no_padding()
         self.counting.no_truncation()
+        self.cut_chars = self.max_length * CUT_CHARS_PER_TOKEN
 
-    def encode(self, texts: list[str], truncate: bool) -> Encoded:
+    def prepare(self, texts: Sequence[str], truncate: bool) -> list[str]:
+        """The texts to hand to ``encode``: with truncation on, long ones cut at a word boundary."""
+        return [self.cut(t) for t in texts] if truncate else list(texts)
+
+    def cut(self, text: str) -> str:
+        """A prefix of whole words that tokenizes, truncated, exactly like ``text`` (or ``text`` itself)."""
+        if len(text) <= self.cut_chars:
+            return text
+        found = _LAST_WHITESPACE.search(text, 0, self.cut_chars)
+        return text[: found.start()] if found and found.start() > 0 else text  # one giant word: keep it all
+
+    def encode(self, texts: list[str], truncate: bool, originals: Sequence[str] | None = None) -> Encoded:
+        """Token id rows of ``texts``; ``originals`` are the uncut texts when ``texts`` came from ``prepare``."""
+        if truncate:
+            return self._encode_truncating(texts, originals or texts)
         encodings = self.counting.encode_batch(texts)
         rows = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
         too_long = [i for i, r in enumerate(rows) if len(r) > self.max_length]
@@ -48,7 +73,14 @@ class TextTokenizer:
                 f"inputs[{i}] has {len(rows[i])} tokens, more than the limit of {self.max_length}; "
                 "shorten it or set truncate=true"
             )
-        if too_long:
-            for i, e in zip(too_long, self.truncating.encode_batch([texts[i] for i in too_long]), strict=True):
-                rows[i] = np.asarray(e.ids, dtype=np.int64)
-        return Encoded(rows, too_long)
+        return Encoded(rows, [])
+
+    def _encode_truncating(self, texts: list[str], originals: Sequence[str]) -> Encoded:
+        encodings = self.truncating.encode_batch(texts)
+        # A cut text that needed no truncation may owe that to the cut (very long words): redo it whole.
+        redo = [i for i, e in enumerate(encodings) if not e.overflowing and len(texts[i]) != len(originals[i])]
+        if redo:
+            for i, e in zip(redo, self.truncating.encode_batch([originals[i] for i in redo]), strict=True):
+                encodings[i] = e
+        rows = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        return Encoded(rows, [i for i, e in enumerate(encodings) if e.overflowing])

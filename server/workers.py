@@ -4,7 +4,12 @@ Each worker is a full `python -m server` with its own ONNX Runtime session, `cor
 threads (unless --intra-op-threads says otherwise) and its own metrics port: --metrics-port + i for
 worker i. The kernel spreads incoming connections across the workers. SIGTERM/SIGINT to the parent
 is forwarded to every worker, each drains as a single server does, and the parent exits 0 when all
-of them did. If a worker dies on its own, the parent stops the others and exits non-zero.
+of them did.
+
+A worker that ends on its own (killed, crashed, or even exit 0) is restarted with the same command
+after a backoff that doubles from 0.5 s to 8 s and resets once a worker has run for a minute; the
+other workers keep serving meanwhile. A worker that dies MAX_RESTARTS times within RESTART_WINDOW
+seconds is broken, not unlucky: the parent then stops everything and exits 1.
 """
 
 from __future__ import annotations
@@ -57,26 +62,81 @@ def worker_commands(config: ServerConfig, argv: Sequence[str]) -> list[list[str]
     return commands
 
 
-def run_workers(config: ServerConfig, argv: Sequence[str]) -> int:
-    children = [subprocess.Popen(command) for command in worker_commands(config, argv)]
-    log.info("started %d workers: pids %s", len(children), [c.pid for c in children])
-    stopping = False
+MAX_RESTARTS = 5  # restarts of one worker within RESTART_WINDOW before the parent gives up
+RESTART_WINDOW = 60.0
+FIRST_BACKOFF = 0.5
+MAX_BACKOFF = 8.0
 
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for child in children:
+
+class Supervisor:
+    """Keeps N worker processes running: restarts the ones that die, forwards SIGTERM to all."""
+
+    def __init__(self, commands: list[list[str]]) -> None:
+        self.commands = commands
+        self.children: list[subprocess.Popen[bytes]] = [subprocess.Popen(c) for c in commands]
+        self.started = [time.monotonic()] * len(commands)
+        self.deaths: list[list[float]] = [[] for _ in commands]
+        self.restart_at: list[float | None] = [None] * len(commands)
+        self.stopping = False
+        self.gave_up = False
+
+    def stop(self) -> None:
+        self.stopping = True
+        for child in self.children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
 
+    def backoff(self, i: int) -> float:
+        recent = len(self.deaths[i])
+        return min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (recent - 1))
+
+    def check(self) -> None:
+        """One supervision round: note deaths, restart those whose backoff has passed."""
+        now = time.monotonic()
+        for i, child in enumerate(self.children):
+            if self.restart_at[i] is not None:
+                if now >= self.restart_at[i] and not self.stopping:  # type: ignore[operator]
+                    self.children[i] = subprocess.Popen(self.commands[i])
+                    self.started[i], self.restart_at[i] = now, None
+                    log.warning("restarted worker %d: pid %d", i, self.children[i].pid)
+                    if self.stopping:  # SIGTERM arrived while it started: it drains like the others
+                        self.children[i].send_signal(signal.SIGTERM)
+                continue
+            code = child.poll()
+            if code is None:
+                continue
+            if now - self.started[i] > RESTART_WINDOW:
+                self.deaths[i].clear()  # it had been healthy for a while: start the backoff afresh
+            self.deaths[i] = [t for t in self.deaths[i] if now - t < RESTART_WINDOW] + [now]
+            if len(self.deaths[i]) > MAX_RESTARTS:
+                log.error("worker %d died %d times within %.0f s; giving up", i, len(self.deaths[i]), RESTART_WINDOW)
+                self.gave_up = True
+                self.stop()
+                return
+            delay = self.backoff(i)
+            log.error("worker %d (pid %d) exited with %s; restarting it in %.1f s", i, child.pid, code, delay)
+            self.restart_at[i] = now + delay
+
+    def wait(self) -> int:
+        while not self.stopping:
+            self.check()
+            time.sleep(0.1)
+        for child in self.children:
+            child.wait()
+        # A worker that had died and was waiting for its restart had nothing left to drain.
+        codes = [c.returncode for i, c in enumerate(self.children) if self.restart_at[i] is None]
+        log.info("workers exited with %s", codes)
+        # -SIGTERM: a worker still starting up when our SIGTERM came (no handler yet, nothing to drain).
+        return 0 if not self.gave_up and all(code in (0, -signal.SIGTERM) for code in codes) else 1
+
+
+def run_workers(config: ServerConfig, argv: Sequence[str]) -> int:
+    supervisor = Supervisor(worker_commands(config, argv))
+    log.info("started %d workers: pids %s", len(supervisor.children), [c.pid for c in supervisor.children])
+
+    def forward(signum: int, _frame: object) -> None:
+        supervisor.stop()
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    while any(c.poll() is None for c in children):
-        if not stopping and any(c.poll() is not None for c in children):
-            log.error("a worker exited on its own; stopping the others")
-            forward(signal.SIGTERM, None)
-            stopping = True
-        time.sleep(0.1)
-    codes = [c.returncode for c in children]
-    log.info("workers exited with %s", codes)
-    return 0 if stopping and all(code == 0 for code in codes) else 1
+    return supervisor.wait()

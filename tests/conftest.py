@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -89,7 +90,8 @@ class GatedBackend:
         server.batcher.run_batch = self
 
     def __call__(self, rows):  # type: ignore[no-untyped-def]
-        self._open.wait(10)
+        if not self._open.wait(30):
+            raise AssertionError("the test never released the gated backend")
         self.batch_sizes.append(len(rows))
         self.row_lengths.extend(len(r) for r in rows)
         return self._real(rows)
@@ -100,6 +102,30 @@ class GatedBackend:
     def remove(self) -> None:
         self.release()
         self._batcher.run_batch = self._real
+
+
+def eventually(predicate, timeout: float = 10, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    """Wait until predicate() is true; fail the test (never pass silently) if it is not within timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what or predicate}")
+        time.sleep(0.02)
+
+
+def counter(metric, *labels: str) -> float:  # type: ignore[no-untyped-def]
+    """The current value of a prometheus_client counter (with labels, if any)."""
+    return float((metric.labels(*labels) if labels else metric)._value.get())
+
+
+def requests_by_code(metrics) -> dict[tuple[str, str], float]:  # type: ignore[no-untyped-def]
+    """embed_requests_total as {(method, code): count}, zero series left out."""
+    return {
+        (s.labels["method"], s.labels["code"]): s.value
+        for family in metrics.requests.collect()
+        for s in family.samples
+        if s.name == "embed_requests_total" and s.value
+    }
 
 
 def server_config(model_dir: Path, **overrides: object) -> ServerConfig:

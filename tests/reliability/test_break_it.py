@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -16,7 +20,8 @@ from hypothesis import strategies as st
 
 from embedding.v1 import embedding_pb2_grpc
 from loadtest.run import local_server, rss_bytes
-from tests.conftest import GatedBackend, ServerThread, request, server_config
+from server.service import STREAM_WINDOW
+from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, requests_by_code, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -76,6 +81,46 @@ def test_overload_is_refused_admitted_work_is_correct_and_memory_bounded(tiny_ar
     assert process.returncode == 0  # drained and exited cleanly after all that
 
 
+def test_200_clients_of_the_largest_requests_keep_memory_bounded_and_small_requests_fast(tiny_artifacts) -> None:
+    """Issue: unbounded work before admission. 200 clients x 64 inputs x 20,000 characters, truncate on, 20 s."""
+    with local_server(str(tiny_artifacts)) as server:
+        flood = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.flood", "--target", server.target, "--seconds", "20"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        peak_rss = 0
+        small_latencies: list[float] = []
+        small_codes: Counter[str] = Counter()
+        with grpc.insecure_channel(server.target) as channel:
+            stub = embedding_pb2_grpc.EmbedderStub(channel)
+            while flood.poll() is None:
+                peak_rss = max(peak_rss, rss_bytes(server.process.pid))
+                started = time.perf_counter()
+                try:
+                    stub.Embed(request("a small request meanwhile"), timeout=10)
+                    small_codes["OK"] += 1
+                except grpc.RpcError as e:
+                    small_codes[e.code().name] += 1
+                small_latencies.append(time.perf_counter() - started)
+                time.sleep(0.05)
+        out, _ = flood.communicate(timeout=60)
+        flood_codes = json.loads(out.strip().splitlines()[-1])
+        p99 = float(np.percentile(small_latencies, 99))
+        print(
+            f"\nflood: 200 clients x 64 x 20,000 chars for 20 s: {flood_codes}; server peak RSS {peak_rss >> 20} MiB; "
+            f"small requests {dict(small_codes)}, p50 {1000 * np.median(small_latencies):.0f} ms, "
+            f"p99 {1000 * p99:.0f} ms"
+        )
+        assert flood.returncode == 0
+        assert set(flood_codes) <= {"OK", "RESOURCE_EXHAUSTED"} and flood_codes.get("OK", 0) > 0, flood_codes
+        assert peak_rss < 1024**3, peak_rss
+        assert len(small_latencies) > 50 and set(small_codes) == {"OK"}, small_codes
+        assert p99 <= 2.0, sorted(small_latencies)[-5:]
+    assert server.process.returncode == 0
+
+
 def test_cancelled_requests_are_never_computed(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts))
     gate = GatedBackend(server.server)
@@ -119,14 +164,31 @@ def fuzzed(tiny_artifacts):  # type: ignore[no-untyped-def]
     server.stop()
 
 
+FUZZ_SEEN: Counter[tuple[str, str]] = Counter()  # what the fuzzing clients saw, by (method, code)
+
+
+def expected_code(fuzzed: ServerThread, texts: list[str], truncate: bool) -> grpc.StatusCode:
+    """What the module server must answer (its queue is empty between these sequential calls)."""
+    if not texts or len(texts) > 32 or any(not t.strip() or len(t) > 20_000 for t in texts):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    tokenizer = fuzzed.server.loaded.tokenizer
+    if not truncate and any(len(tokenizer.counting.encode(t).ids) > tokenizer.max_length for t in texts):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.OK
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=texts_strategy, truncate=st.booleans(), normalize=st.one_of(st.none(), st.booleans()))
-def test_fuzzed_requests_get_ok_or_a_client_error_never_internal(fuzzed, texts, truncate, normalize) -> None:  # type: ignore[no-untyped-def]
+def test_fuzzed_requests_get_exactly_the_expected_code(fuzzed, texts, truncate, normalize) -> None:  # type: ignore[no-untyped-def]
+    expected = expected_code(fuzzed, texts, truncate)
     try:
         response = fuzzed.stub().Embed(request(*texts, truncate=truncate, normalize=normalize), timeout=20)
     except grpc.RpcError as e:
-        assert e.code() in ALLOWED, (e.code(), e.details())
+        FUZZ_SEEN["Embed", e.code().name] += 1
+        assert e.code() == expected, (e.code(), e.details())
         return
+    FUZZ_SEEN["Embed", "OK"] += 1
+    assert expected == grpc.StatusCode.OK
     vectors = np.array([e.values for e in response.embeddings])
     assert vectors.shape == (len(texts), 32) and np.isfinite(vectors).all()
     if normalize is not False:
@@ -145,23 +207,26 @@ def test_malformed_bytes_get_invalid_argument_never_unknown(fuzzed, payload: byt
         else:
             call = channel.unary_unary(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
             call(payload, timeout=20)
+        FUZZ_SEEN[method, "OK"] += 1
     except grpc.RpcError as e:
+        FUZZ_SEEN[method, e.code().name] += 1
         assert e.code() in ALLOWED, (e.code(), e.details())
     finally:
         channel.close()
 
 
-def test_server_is_up_and_correct_after_the_fuzzing(fuzzed, reference) -> None:  # type: ignore[no-untyped-def]
+def test_server_is_up_and_correct_after_the_fuzzing_and_counted_what_clients_saw(fuzzed, reference) -> None:  # type: ignore[no-untyped-def]
     response = fuzzed.stub().Embed(request("the cat sat on the mat"))
+    FUZZ_SEEN["Embed", "OK"] += 1
     np.testing.assert_allclose(response.embeddings[0].values, unit(reference("the cat sat on the mat")), atol=1e-5)
     assert fuzzed.server.metrics.batch_failures._value.get() == 0
-    internal = fuzzed.server.metrics.requests.labels("Embed", "INTERNAL")._value.get()
-    unknown = fuzzed.server.metrics.requests.labels("Embed", "UNKNOWN")._value.get()
-    assert internal == unknown == 0
+    assert sum(FUZZ_SEEN.values()) >= 121  # the fuzz tests ran against this server first
+    # Every answer a client saw (OK and each error code alike) is in embed_requests_total, and nothing else.
+    assert requests_by_code(fuzzed.server.metrics) == dict(FUZZ_SEEN)
 
 
-def test_a_backend_that_keeps_failing_turns_health_not_serving_until_it_recovers(tiny_artifacts) -> None:
-    server = ServerThread(server_config(tiny_artifacts))
+def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_without_traffic(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts, backend_probe_seconds=0.1))
     real = server.server.batcher.run_batch
     broken = threading.Event()
     broken.set()
@@ -183,12 +248,13 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_until_it_recovers
             with pytest.raises(grpc.RpcError) as error:
                 stub.Embed(request(f"attempt {i}"))
             assert error.value.code() == grpc.StatusCode.INTERNAL
-        time.sleep(0.1)
+        time.sleep(0.5)  # probes run (and fail) meanwhile
         assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
-        broken.clear()
+        batches = counter(server.server.metrics.batches)
+        broken.clear()  # the backend recovers; no client sends anything (readiness keeps traffic away)
+        eventually(lambda: status() == health_pb2.HealthCheckResponse.SERVING, what="health SERVING again")
+        assert counter(server.server.metrics.batches) == batches  # probes are not counted as served batches
         assert len(stub.Embed(request("recovered")).embeddings) == 1
-        time.sleep(0.1)
-        assert status() == health_pb2.HealthCheckResponse.SERVING
     finally:
         server.stop()
 
@@ -224,13 +290,41 @@ def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_noth
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         second.cancel()
         stalled.cancel()  # the client disconnects mid-stream
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (
-            server.server.service._open_streams or server.server.batcher.queued_items or server.server.state.in_flight
-        ):
-            time.sleep(0.05)
-        assert server.server.service._open_streams == 0
-        assert server.server.batcher.queued_items == 0 and server.server.state.in_flight == 0
+        eventually(lambda: server.server.service._open_streams == 0, what="both streams closed")
         assert len(stub.Embed(request("after"), timeout=10).embeddings) == 1
     finally:
+        server.stop()
+
+
+def test_a_cancelled_stream_leaves_nothing_to_compute_and_nothing_counted_ok(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+    gate = GatedBackend(server.server)
+    stub = server.stub()
+    served = server.server
+    try:
+        blocker = stub.Embed.future(request("holds the backend"))
+        eventually(lambda: served.state.in_flight == 1 and not served.batcher.queued_items, what="blocker running")
+
+        def requests():  # type: ignore[no-untyped-def]
+            for i in range(3 * STREAM_WINDOW):
+                yield request(f"stream text {i}")
+            time.sleep(30)  # keep the stream open
+
+        stream = stub.EmbedStream(requests())
+        # The window fills, then the stream's reader waits for room: the moment the leak happened.
+        eventually(lambda: served.batcher.queued_items >= STREAM_WINDOW, what="the stream window filled")
+        time.sleep(0.3)
+        stream.cancel()
+        eventually(lambda: served.service._open_streams == 0, what="the stream closed")
+        # With the backend still held, nothing of the stream waits to be computed or is still in flight.
+        eventually(lambda: served.state.in_flight == 1, what="only the blocker in flight")
+        assert served.batcher.queued_items == 0
+        gate.release()
+        assert len(blocker.result().embeddings) == 1
+        assert len(stub.Embed(request("after")).embeddings) == 1
+        assert gate.batch_sizes == [1, 1]  # the blocker and "after": no streamed input was computed
+        assert counter(served.metrics.requests, "EmbedStream", "OK") == 0
+        assert counter(served.metrics.requests, "EmbedStream", "CANCELLED") == STREAM_WINDOW
+    finally:
+        gate.release()
         server.stop()

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from server.batcher import Batcher, BatchPolicy
+from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 
@@ -24,8 +24,8 @@ class FakeRuntime:
         self.fail_on: set[int] = set()
 
     def __call__(self, rows: Sequence[np.ndarray]) -> np.ndarray:
-        if not self.batches:
-            self.release.wait(5)
+        if not self.batches and not self.release.wait(10):
+            raise AssertionError("the test never released the held batch")
         self.batches.append([len(r) for r in rows])
         if len(self.batches) in self.fail_on:
             raise RuntimeError("injected")
@@ -252,3 +252,174 @@ def test_padding_cap_splits_mixed_lengths_even_when_all_would_fit() -> None:
     for batch in capped:
         assert len(batch) * max(batch) - sum(batch) <= 0.15 * len(batch) * max(batch)
     assert asyncio.run(run(1.0)) == [[4, 5, 4, 100, 96, 98, 30, 31, 29]]  # no cap: one batch, 60% padding
+
+
+class Recorder(BatchObserver):
+    def __init__(self) -> None:
+        self.queue: list[tuple[int, int]] = []
+        self.drops: dict[str, int] = {}
+
+    def queue_changed(self, items: int, tokens: int) -> None:
+        self.queue.append((items, tokens))
+
+    def dropped(self, reason: str, items: int) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + items
+
+
+def test_a_malformed_backend_output_fails_only_its_batch_and_the_loop_serves_on() -> None:
+    async def run() -> None:
+        outputs = iter([np.zeros(1, dtype=np.float32)])  # 1-D: the right length, but no vector per input
+
+        def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+            return next(outputs, np.ones((len(rows), 2), dtype=np.float32))
+
+        batcher = Batcher(backend, BatchPolicy(max_queue_tokens=10_000))
+        batcher.start()
+        with pytest.raises(InferenceFailed):
+            await asyncio.wait_for(batcher.submit([row(3)]), 5)
+        result = await asyncio.wait_for(batcher.submit([row(3)]), 5)  # the loop is alive
+        assert result.embeddings.tolist() == [[1, 1]]
+        await batcher.close()
+
+    asyncio.run(run())
+
+
+def test_a_batch_loop_that_dies_is_restarted_and_serves_the_queue() -> None:
+    async def run() -> None:
+        runtime = FakeRuntime(hold_first=False)
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000))
+        take = batcher._take_batch
+        calls = []
+
+        def broken_once() -> list:  # type: ignore[type-arg]
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("a bug in batch forming")
+            return take()
+
+        batcher._take_batch = broken_once  # type: ignore[method-assign]
+        batcher.start()
+        result = await asyncio.wait_for(batcher.submit([row(4)]), 5)
+        assert result.embeddings.tolist() == [[4, 1]] and len(calls) >= 2
+        await batcher.close()
+
+    asyncio.run(run())
+
+
+def test_queue_gauges_follow_cancellations_even_when_no_batch_follows() -> None:
+    async def run() -> tuple[Recorder, Batcher]:
+        runtime = FakeRuntime()
+        recorder = Recorder()
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder)
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([row(1)]))
+        await settle()
+        doomed = [asyncio.create_task(batcher.submit([row(5), row(6)])) for _ in range(3)]
+        await settle()
+        assert recorder.queue[-1] == (6, 33) == (batcher.queued_items, batcher.queued_tokens)
+        for task in doomed:
+            task.cancel()
+        await settle()
+        # The backend is still held: no batch has run since, yet the queue and its gauges are empty.
+        assert recorder.queue[-1] == (0, 0) == (batcher.queued_items, batcher.queued_tokens)
+        assert recorder.drops == {"cancelled": 6}
+        runtime.release.set()
+        await running
+        await batcher.close()
+        return recorder, batcher
+
+    recorder, _ = asyncio.run(run())
+    assert recorder.queue[-1] == (0, 0)
+
+
+def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_computed() -> None:
+    async def run() -> tuple[FakeRuntime, Recorder]:
+        import time
+
+        runtime = FakeRuntime()
+        recorder = Recorder()
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder)
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([row(1)]))
+        await settle()
+        deadline = time.monotonic() + 0.2
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(batcher.submit([row(7), row(7)], deadline=deadline), 5)
+        assert time.monotonic() < deadline  # failed by the server before the deadline, not at it
+        await settle()
+        assert recorder.drops == {"deadline": 2} and batcher.queued_items == 0
+        runtime.release.set()
+        await running
+        await batcher.close()
+        return runtime, recorder
+
+    runtime, _ = asyncio.run(run())
+    assert [n for b in runtime.batches for n in b] == [1]
+
+
+def test_close_answers_the_running_batch_and_keeps_the_event_loop_free() -> None:
+    async def run() -> None:
+        runtime = FakeRuntime()
+        batcher = Batcher(runtime, BatchPolicy(max_batch_size=1, max_queue_tokens=10_000))
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([row(2)]))
+        await settle()
+        queued = asyncio.create_task(batcher.submit([row(3)]))
+        await settle()
+        ticks = 0
+
+        async def heartbeat() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        beating = asyncio.create_task(heartbeat())
+        closing = asyncio.create_task(batcher.close())
+        await asyncio.sleep(0.3)  # close() waits for the held batch; the loop must keep running
+        assert ticks >= 10 and not closing.done()
+        runtime.release.set()
+        await asyncio.wait_for(closing, 5)
+        assert (await asyncio.wait_for(running, 1)).embeddings.tolist() == [[2, 1]]  # answered, not abandoned
+        with pytest.raises(NotReady):
+            await queued
+        beating.cancel()
+
+    asyncio.run(run())
+
+
+def test_an_unhealthy_backend_is_probed_and_recovers_without_traffic() -> None:
+    async def run() -> list[bool]:
+        broken = threading.Event()
+        broken.set()
+
+        def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+            if broken.is_set():
+                raise RuntimeError("device lost")
+            return np.ones((len(rows), 2), dtype=np.float32)
+
+        reports: list[bool] = []
+        batcher = Batcher(
+            backend,
+            BatchPolicy(max_queue_tokens=10_000),
+            on_backend_health=reports.append,
+            unhealthy_after=2,
+            probe_rows=[row(2)],
+            probe_interval=0.05,
+        )
+        batcher.start()
+        for _ in range(2):
+            with pytest.raises(InferenceFailed):
+                await batcher.submit([row(3)])
+        assert reports == [False] and not batcher.healthy
+        await asyncio.sleep(0.2)  # probes run and fail: still unhealthy
+        assert reports == [False]
+        broken.clear()  # the backend recovers; no request is sent
+        for _ in range(100):
+            if batcher.healthy:
+                break
+            await asyncio.sleep(0.02)
+        await batcher.close()
+        return reports
+
+    assert asyncio.run(run()) == [False, True]

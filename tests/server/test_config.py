@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from server.config import ServerConfig, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_follow_the_design_contract() -> None:
@@ -25,3 +32,36 @@ def test_invalid_values_are_refused_with_a_clear_message(capsys: pytest.CaptureF
     assert "provider must be auto, cpu or cuda" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
         ServerConfig(max_batch_size=0)
+
+
+def serve_exits(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run `python -m server` as an operator would; it must refuse before listening or loading a model."""
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "--port", "0", "--metrics-port", "-1", "--model-dir", "/nonexistent", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("content", ["", "  \n\t\n"], ids=["empty", "whitespace"])
+def test_an_empty_token_file_refuses_to_start(tmp_path: Path, content: str) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(content)  # an empty secret mount
+    code, output = serve_exits(["--auth-token-file", str(token_file)], {})
+    assert code != 0
+    assert f"auth_token_file {token_file} is empty: refusing to serve without a token" in output
+    assert "gRPC on" not in output  # it never started listening
+
+
+@pytest.mark.parametrize("value", ["", "   "], ids=["empty", "blank"])
+def test_an_empty_token_variable_or_flag_refuses_to_start(value: str) -> None:
+    code, output = serve_exits([], {"EMBED_AUTH_TOKEN": value})
+    assert code != 0 and "set but empty: refusing to serve without a token" in output
+    code, output = serve_exits(["--auth-token", value], {})
+    assert code != 0 and "set but empty: refusing to serve without a token" in output
+    with pytest.raises(ValueError, match="auth_token is blank"):
+        ServerConfig(auth_token="  ")

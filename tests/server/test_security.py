@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.client import EmbeddingClient, Security
 from tests.conftest import ServerThread, server_config
 
@@ -134,5 +135,39 @@ def test_bearer_token_guards_embedder_but_not_health(tiny_artifacts: Path, tmp_p
         assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
         with EmbeddingClient(server.target, 5, Security(token="s3cret-token")) as client:
             assert len(client.embed(["welcome"]).embeddings) == 1
+    finally:
+        server.stop()
+
+
+def test_with_tls_a_plaintext_health_port_answers_probes_and_serves_nothing_else(
+    tiny_artifacts: Path, pki: dict[str, str]
+) -> None:
+    config = server_config(tiny_artifacts, tls_cert=pki["server_cert"], tls_key=pki["server_key"], health_port=0)
+    server = ServerThread(config)
+    plaintext = grpc.insecure_channel(f"127.0.0.1:{server.server.health_port}")
+    try:
+        assert server.server.health_port not in (0, server.port)
+        health = health_pb2_grpc.HealthStub(plaintext)  # what a Kubernetes gRPC probe does: no TLS
+        for service in ("", "embedding.v1.Embedder"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as error:  # the health port carries no data plane
+            embedding_pb2_grpc.EmbedderStub(plaintext).Embed(embedding_pb2.EmbedRequest(inputs=["x"]), timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with EmbeddingClient(server.target, 5) as no_tls:  # the main port still refuses plaintext
+            assert refused(no_tls) == grpc.StatusCode.UNAVAILABLE
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        server.call(server.server.health.enter_graceful_shutdown())  # what a drain does first
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        plaintext.close()
+        server.stop()
+
+
+def test_without_a_health_port_none_is_opened(tiny_artifacts: Path) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+    try:
+        assert server.server.health_server is None and server.server.health_port == 0
     finally:
         server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 
 import grpc
 import numpy as np
@@ -14,7 +15,16 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embedding.v1 import embedding_pb2
 from server.client import AsyncEmbeddingClient, EmbeddingClient
-from tests.conftest import SENTENCES, GatedBackend, ServerThread, request, server_config
+from tests.conftest import (
+    SENTENCES,
+    GatedBackend,
+    ServerThread,
+    counter,
+    eventually,
+    request,
+    requests_by_code,
+    server_config,
+)
 
 LONG_TEXT = " ".join(["photosynthesis of the chlorophyll"] * 20)  # far beyond the tiny model's 32 tokens
 
@@ -178,23 +188,105 @@ def test_health_not_serving_until_loaded_then_serving_then_not_serving_on_drain(
     stopper.join()
 
 
-def test_deadline_passed_while_queued_gives_deadline_exceeded(tiny_artifacts) -> None:
+def test_the_server_drops_a_request_for_its_deadline_and_never_computes_it(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts))
     gate = GatedBackend(server.server)
+    metrics = server.server.metrics
     stub = server.stub()
     try:
         blocker = stub.Embed.future(request("holds the backend"))
         time.sleep(0.2)  # the blocker's batch is running (gated); the next request waits in the queue
         with pytest.raises(grpc.RpcError) as error:
-            stub.Embed(request("too slow", "for me"), timeout=0.3)
+            stub.Embed(request("too slow", "for me"), timeout=0.5)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The server itself dropped both inputs for their deadline (not as a cancellation by gRPC), and
+        # did so while the backend was still held, so they can never have been computed.
+        eventually(lambda: counter(metrics.dropped_items, "deadline") == 2, what="dropped{reason=deadline} == 2")
+        assert counter(metrics.dropped_items, "cancelled") == 0
+        assert server.server.batcher.queued_items == 0
+        assert counter(metrics.requests, "Embed", "DEADLINE_EXCEEDED") == 1
         gate.release()
         assert len(blocker.result().embeddings) == 1
         assert len(stub.Embed(request("after")).embeddings) == 1
-        assert gate.batch_sizes == [1, 1]  # the expired request's two inputs were never computed
+        assert gate.batch_sizes == [1, 1]  # the blocker and "after"; nothing of the expired request
     finally:
         gate.release()
         server.stop()
+
+
+def test_a_request_that_can_never_fit_the_queue_is_invalid_argument(tiny_artifacts) -> None:
+    server = ServerThread(server_config(tiny_artifacts, max_queue_tokens=10))
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            server.stub().Embed(request(*["a"] * 6))  # at least 6 x 2 tokens: more than the whole queue
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "split the request" in error.value.details()
+        assert len(server.stub().Embed(request("a", "b")).embeddings) == 2  # 6 tokens fit
+    finally:
+        server.stop()
+
+
+def test_max_input_chars_is_enforced_exactly(served: ServerThread) -> None:
+    limit = 20_000  # ServerConfig's default, which the module server uses
+    at_limit = ("word " * (limit // 5))[:limit]
+    response = served.stub().Embed(request("ok", at_limit, truncate=True))
+    assert len(response.embeddings) == 2 and list(response.truncated_inputs) == [1]
+    with pytest.raises(grpc.RpcError) as error:
+        served.stub().Embed(request("ok", at_limit + "x", truncate=True))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"inputs[1] has {limit + 1} characters, more than max_input_chars={limit}" in error.value.details()
+
+
+def test_status_counters_equal_what_the_clients_saw(tiny_artifacts) -> None:
+    """OK, invalid, overloaded, unauthenticated and an unexpected error: the counters agree with the clients."""
+    server = ServerThread(server_config(tiny_artifacts, auth_token="s3cret", max_queue_tokens=20, max_batch_size=1))
+    token = [("authorization", "Bearer s3cret")]
+    stub = server.stub()
+    seen: Counter[tuple[str, str]] = Counter()
+
+    def call(method: str, message, metadata=token) -> None:  # type: ignore[no-untyped-def]
+        try:
+            getattr(stub, method)(message, metadata=metadata, timeout=10)
+            seen[method, "OK"] += 1
+        except grpc.RpcError as e:
+            seen[method, e.code().name] += 1
+
+    pipeline = server.server.state.pipeline
+    real_embed = pipeline.embed
+
+    async def buggy_embed(texts, *args):  # type: ignore[no-untyped-def]
+        if texts == ["boom"]:
+            raise KeyError("a bug, not a domain error")
+        return await real_embed(texts, *args)
+
+    pipeline.embed = buggy_embed  # type: ignore[method-assign]
+    try:
+        for _ in range(2):
+            call("Embed", request("fine"))
+        call("Info", embedding_pb2.InfoRequest())
+        call("Embed", request())  # empty: invalid
+        call("Embed", request("x" * 25_000))  # too long: invalid
+        call("Embed", request("fine"), metadata=None)  # no token
+        call("Info", embedding_pb2.InfoRequest(), metadata=[("authorization", "Bearer wrong")])
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Embed(request("boom"), metadata=token, timeout=10)
+        assert error.value.code() == grpc.StatusCode.INTERNAL
+        assert "KeyError" in error.value.details() and "Traceback" not in error.value.details()
+        seen["Embed", "INTERNAL"] += 1
+        gate = GatedBackend(server.server)
+        running = stub.Embed.future(request("first one runs"), metadata=token)
+        time.sleep(0.2)
+        queued = stub.Embed.future(request("the second waits in the queue"), metadata=token)
+        time.sleep(0.2)
+        call("Embed", request("a sentence that does not fit"))  # overloaded
+        gate.release()
+        for future in (running, queued):
+            assert len(future.result().embeddings) == 1
+            seen["Embed", "OK"] += 1
+    finally:
+        server.stop()
+    assert {code for _, code in seen} == {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAUTHENTICATED", "INTERNAL"}
+    assert requests_by_code(server.server.metrics) == dict(seen)
 
 
 def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_artifacts) -> None:

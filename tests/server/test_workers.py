@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -13,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from embedding.v1 import embedding_pb2_grpc
 from loadtest.run import free_port, wait_serving
-from tests.conftest import request
+from tests.conftest import eventually, request
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,5 +75,124 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         log = parent.stdout.read() if parent.stdout else ""
         assert log.count("stopped:") == 2 and "workers exited with [0, 0]" in log, log
     finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def worker_pids(log_path: Path) -> dict[int, int]:
+    """Worker index -> its current pid, from the parent's log."""
+    text = log_path.read_text()
+    pids: dict[int, int] = {}
+    started = re.search(r"started \d+ workers: pids \[([\d, ]+)\]", text)
+    if started:
+        pids = dict(enumerate(int(p) for p in started.group(1).split(",")))
+    for index, pid in re.findall(r"restarted worker (\d+): pid (\d+)", text):
+        pids[int(index)] = int(pid)
+    return pids
+
+
+def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failure(
+    tiny_artifacts: Path, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    port, metrics_port = free_port(), free_port()
+    while metrics_port + 1 == port:
+        metrics_port = free_port()
+    log_path = tmp_path / "parent.log"
+    with log_path.open("w") as log_file:
+        parent = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "server", "--workers", "2", "--host", "127.0.0.1", "--port", str(port)),
+                *("--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)),
+                *("--model-dir", str(tiny_artifacts), "--drain-delay-seconds", "0.2"),
+            ],
+            cwd=ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    target = f"127.0.0.1:{port}"
+    channels: list[grpc.Channel] = []
+    threads: list[threading.Thread] = []
+    stop = threading.Event()
+    try:
+        wait_serving(target)
+        eventually(lambda: len(worker_pids(log_path)) == 2, what="both worker pids logged")
+        first_pids = worker_pids(log_path)
+
+        def served_by(channel: grpc.Channel) -> int:
+            """Which worker holds this channel's connection: the one whose OK counter moves."""
+            before = [ok_requests(metrics_port), ok_requests(metrics_port + 1)]
+            embedding_pb2_grpc.EmbedderStub(channel).Embed(request("who serves me?"), timeout=10)
+            after = [ok_requests(metrics_port), ok_requests(metrics_port + 1)]
+            (worker,) = [i for i in range(2) if after[i] > before[i]]
+            return worker
+
+        owner: dict[int, int] = {}
+        while len(set(owner.values())) < 2 or len(owner) < 8:
+            assert len(channels) < 60, "the kernel never spread connections over both workers"
+            channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            channels.append(channel)
+            owner[len(channels) - 1] = served_by(channel)
+        failures: dict[int, list[str]] = {i: [] for i in owner}
+        answered: dict[int, int] = dict.fromkeys(owner, 0)
+
+        def load(i: int) -> None:
+            stub = embedding_pb2_grpc.EmbedderStub(channels[i])
+            while not stop.is_set():
+                try:
+                    stub.Embed(request(f"steady load on channel {i}"), timeout=10)
+                    answered[i] += 1
+                except grpc.RpcError as e:
+                    failures[i].append(e.code().name)
+                time.sleep(0.005)
+
+        threads = [threading.Thread(target=load, args=(i,)) for i in owner]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        os.kill(first_pids[0], signal.SIGKILL)
+        # Within 10 s the port serves with two workers again: worker 0 has a new pid and answers.
+        eventually(lambda: worker_pids(log_path).get(0, first_pids[0]) != first_pids[0], 10, "worker 0 restarted")
+
+        def worker_0_serves() -> bool:
+            """A fresh connection (the kernel picks a worker per connection) reaches the new worker 0."""
+            with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as fresh:
+                try:
+                    embedding_pb2_grpc.EmbedderStub(fresh).Embed(request("a new connection"), timeout=5)
+                    return ok_requests(metrics_port) > 0
+                except (grpc.RpcError, OSError):
+                    return False
+
+        eventually(worker_0_serves, 10 - (time.monotonic() - killed_at), "the new worker 0 answering")
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(20)
+        survivors = [i for i, worker in owner.items() if worker == 1]
+        assert survivors and all(answered[i] > 10 for i in survivors), answered
+        assert all(failures[i] == [] for i in survivors), {i: failures[i] for i in survivors}
+        assert parent.poll() is None  # the parent never gave up
+
+        # A worker that drains and exits 0 on its own is restarted too: the parent does not exit 0.
+        os.kill(worker_pids(log_path)[1], signal.SIGTERM)
+        eventually(lambda: worker_pids(log_path)[1] != first_pids[1], 15, "worker 1 restarted after exiting 0")
+        assert parent.poll() is None
+
+        def worker_1_up() -> bool:
+            try:
+                return ok_requests(metrics_port + 1) == 0  # a fresh process: its counters start at 0
+            except OSError:
+                return False
+
+        eventually(worker_1_up, 15, "the new worker 1 up")
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(60) == 0
+        assert "workers exited with [0, 0]" in log_path.read_text()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(20)
+        for channel in channels:
+            channel.close()
         if parent.poll() is None:
             parent.kill()
