@@ -1,4 +1,4 @@
-# Contract targets (DESIGN.md): setup run train export serve test loadtest bench lint clean
+# Contract targets (docs/architecture.md): setup run train export serve test loadtest bench soak lint clean
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
