@@ -69,6 +69,7 @@ class ServerThread:
         self.call(self.server.stop(grace))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        assert not self.thread.is_alive(), "the server's event loop did not stop"
 
     def stub(self) -> embedding_pb2_grpc.EmbedderStub:
         return embedding_pb2_grpc.EmbedderStub(grpc.insecure_channel(self.target))

@@ -169,6 +169,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
         stop.set()
         for t in threads:
             t.join(20)
+            assert not t.is_alive(), "a load thread is stuck"
         survivors = [i for i, worker in owner.items() if worker == 1]
         assert survivors and all(answered[i] > 10 for i in survivors), answered
         assert all(failures[i] == [] for i in survivors), {i: failures[i] for i in survivors}
