@@ -203,6 +203,13 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
         return await pipeline.embed(request.inputs, request.truncate, normalize, deadline)
 
+    def _failed(self, error: Exception, method: str, code: list[grpc.StatusCode]) -> EmbedError:
+        """Any failure as the client gets it: records its status code and refusal reason."""
+        domain = as_domain_error(error, method)
+        code[0] = status_for(domain)
+        self._reject(domain)
+        return domain
+
     def _reject(self, error: EmbedError) -> None:
         """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
         reason = REJECTION_REASON.get(type(error))
@@ -220,9 +227,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                 result = await self._embed(request, context)
                 return to_response(result, time.perf_counter() - started)
             except Exception as e:
-                error = as_domain_error(e, "Embed")
-                code[0] = status_for(error)
-                self._reject(error)
+                error = self._failed(e, "Embed", code)
                 await context.abort(code[0], str(error))
                 raise AssertionError("unreachable: abort raises") from None
 
@@ -248,10 +253,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
                 try:
                     return to_response(await self._embed(request, context), time.perf_counter() - started)
                 except Exception as e:
-                    error = as_domain_error(e, "EmbedStream")
-                    code[0] = status_for(error)
-                    self._reject(error)
-                    raise error from None
+                    raise self._failed(e, "EmbedStream", code) from None
 
         async def read() -> None:
             try:
@@ -288,9 +290,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
             try:
                 return self._info(request)
             except Exception as e:
-                error = as_domain_error(e, "Info")
-                code[0] = status_for(error)
-                self._reject(error)
+                error = self._failed(e, "Info", code)
                 await context.abort(code[0], str(error))
                 raise AssertionError("unreachable: abort raises") from None
 
