@@ -288,17 +288,22 @@ class Batcher:
         delay = request.deadline - self._deadline_margin() - self._clock()
         request.timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._deadline_due, request)
 
+    def _cannot_meet_deadline(self, request: _Request, now: float) -> bool:
+        return request.deadline is not None and now >= request.deadline - self._deadline_margin()
+
+    def _expire(self, request: _Request) -> None:
+        request.expired = True
+        request.future.set_exception(DeadlineExceeded("the deadline would pass before this request could run"))
+
     def _deadline_due(self, request: _Request) -> None:
         """Fail a request whose deadline cannot be met while it still waits, before gRPC cancels it."""
         request.timer = None
         if request.future.done() or request.queued == 0:
             return  # answered, or all its items are computing already
-        assert request.deadline is not None
-        if self._clock() < request.deadline - self._deadline_margin():
+        if self._cannot_meet_deadline(request, self._clock()):
+            self._expire(request)
+        else:
             self._arm_deadline(request)  # batches got faster meanwhile: check again later
-            return
-        request.expired = True
-        request.future.set_exception(DeadlineExceeded("the deadline would pass before this request could run"))
 
     def _request_done(self, request: _Request) -> None:
         if request.timer is not None:
@@ -318,12 +323,10 @@ class Batcher:
         dropped: dict[str, int] = {}
         for item in self._queue:
             request = item.request
-            deadline = request.deadline
-            if not request.future.done() and deadline is not None and now >= deadline - self._deadline_margin():
-                request.expired = True
-                request.future.set_exception(DeadlineExceeded("the deadline passed while the request was queued"))
+            if not request.future.done() and self._cannot_meet_deadline(request, now):
+                self._expire(request)  # the timer fires late when the loop is busy: the same rule here
             if request.future.done():
-                past_deadline = deadline is not None and now >= deadline
+                past_deadline = request.deadline is not None and now >= request.deadline
                 if request.expired or (request.future.cancelled() and past_deadline):
                     reason = "deadline"  # gRPC cancels a handler at its deadline: that is a deadline too
                 else:

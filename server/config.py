@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -116,23 +115,23 @@ def env_name(field_name: str) -> str:
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC.")
+    given: dict[str, object] = {}  # what the operator set, by variable or flag; the rest keeps its default
     for f in fields(ServerConfig):
         kind: Callable[[str], object] = parse_bool if isinstance(f.default, bool) else type(f.default)
-        default = kind(environ[env_name(f.name)]) if env_name(f.name) in environ else f.default
+        if env_name(f.name) in environ:
+            given[f.name] = kind(environ[env_name(f.name)])
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             type=kind,
-            default=default,
+            default=argparse.SUPPRESS,
             help=f"(env {env_name(f.name)}; default {f.default})",
         )
-    args = parser.parse_args(argv)
-    given = sys.argv[1:] if argv is None else list(argv)
-    flag_given = any(a == "--auth-token" or a.startswith("--auth-token=") for a in given)
-    if (flag_given or env_name("auth_token") in environ) and not args.auth_token.strip():
+    given.update(vars(parser.parse_args(argv)))
+    if "auth_token" in given and not str(given["auth_token"]).strip():
         # Set but empty (an empty secret): that is a broken deployment, not a request to turn auth off.
         parser.error(f"--auth-token / {env_name('auth_token')} is set but empty: refusing to serve without a token")
     try:
-        return ServerConfig(**vars(args))
+        return ServerConfig(**given)  # type: ignore[arg-type]
     except ValueError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits

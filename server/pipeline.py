@@ -27,7 +27,7 @@ INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event l
 class Limits:
     max_client_batch_size: int
     max_input_chars: int
-    max_tokenizing_chars: int = 4 * 1024 * 1024  # characters waiting for or in tokenization, all requests
+    max_tokenizing_chars: int  # characters waiting for or in tokenization, all requests together
 
 
 @dataclass(frozen=True)

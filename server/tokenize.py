@@ -4,7 +4,7 @@ Two tokenizer instances are configured once and never mutated (Tokenizer setting
 change while other threads encode): one counts the full length, one truncates to the model's limit.
 ``encode_batch`` releases the GIL, so callers run ``encode`` in worker threads.
 
-With truncation on, ``prepare`` first cuts a long text at a word boundary: the tokenizer splits words
+With truncation on, ``cut`` first shortens a long text at a word boundary: the tokenizer splits words
 at whitespace before WordPiece, so a prefix made of whole words gives the same first tokens as the
 whole text. When the prefix alone still needs truncating, the result is exactly the whole text's,
 for a fraction of the work and memory (a 20,000-character input costs ~max_length x 10 characters).
@@ -49,10 +49,6 @@ class TextTokenizer:
         self.counting.no_truncation()
         self.cut_chars = self.max_length * CUT_CHARS_PER_TOKEN
 
-    def prepare(self, texts: Sequence[str], truncate: bool) -> list[str]:
-        """The texts to hand to ``encode``: with truncation on, long ones cut at a word boundary."""
-        return [self.cut(t) for t in texts] if truncate else list(texts)
-
     def cut(self, text: str) -> str:
         """A prefix of whole words that tokenizes, truncated, exactly like ``text`` (or ``text`` itself)."""
         if len(text) <= self.cut_chars:
@@ -61,7 +57,7 @@ class TextTokenizer:
         return text[: found.start()] if found and found.start() > 0 else text  # one giant word: keep it all
 
     def encode(self, texts: list[str], truncate: bool, originals: Sequence[str] | None = None) -> Encoded:
-        """Token id rows of ``texts``; ``originals`` are the uncut texts when ``texts`` came from ``prepare``."""
+        """Token id rows of ``texts``; ``originals`` are the uncut texts when ``texts`` came from ``cut``."""
         if truncate:
             return self._encode_truncating(texts, originals or texts)
         encodings = self.counting.encode_batch(texts)

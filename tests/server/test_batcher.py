@@ -266,6 +266,17 @@ class Recorder(BatchObserver):
         self.drops[reason] = self.drops.get(reason, 0) + items
 
 
+async def held_batcher() -> tuple[FakeRuntime, Recorder, Batcher, asyncio.Task]:  # type: ignore[type-arg]
+    """A batcher whose first batch (one row) is running and held in the backend until runtime.release."""
+    runtime = FakeRuntime()
+    recorder = Recorder()
+    batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder)
+    batcher.start()
+    running = asyncio.create_task(batcher.submit([row(1)]))
+    await settle()
+    return runtime, recorder, batcher, running
+
+
 def test_a_malformed_backend_output_fails_only_its_batch_and_the_loop_serves_on() -> None:
     async def run() -> None:
         outputs = iter([np.zeros(1, dtype=np.float32)])  # 1-D: the right length, but no vector per input
@@ -308,12 +319,7 @@ def test_a_batch_loop_that_dies_is_restarted_and_serves_the_queue() -> None:
 
 def test_queue_gauges_follow_cancellations_even_when_no_batch_follows() -> None:
     async def run() -> tuple[Recorder, Batcher]:
-        runtime = FakeRuntime()
-        recorder = Recorder()
-        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder)
-        batcher.start()
-        running = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        runtime, recorder, batcher, running = await held_batcher()
         doomed = [asyncio.create_task(batcher.submit([row(5), row(6)])) for _ in range(3)]
         await settle()
         assert recorder.queue[-1] == (6, 33) == (batcher.queued_items, batcher.queued_tokens)
@@ -336,12 +342,7 @@ def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_compu
     async def run() -> tuple[FakeRuntime, Recorder]:
         import time
 
-        runtime = FakeRuntime()
-        recorder = Recorder()
-        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder)
-        batcher.start()
-        running = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        runtime, recorder, batcher, running = await held_batcher()
         deadline = time.monotonic() + 0.2
         with pytest.raises(DeadlineExceeded):
             await asyncio.wait_for(batcher.submit([row(7), row(7)], deadline=deadline), 5)

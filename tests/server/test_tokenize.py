@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.errors import InvalidInput
+from server.pipeline import Limits, validate
 from server.tokenize import TextTokenizer
 
 words = st.one_of(
@@ -36,8 +37,7 @@ def whole(tokenizer: TextTokenizer, text: str) -> tuple[list[int], bool]:
 @given(parts=st.lists(st.tuples(words, separators), min_size=1, max_size=600))
 def test_cut_texts_tokenize_exactly_like_whole_texts(tokenizer: TextTokenizer, parts) -> None:  # type: ignore[no-untyped-def]
     text = "".join(w + s for w, s in parts)
-    prepared = tokenizer.prepare([text], truncate=True)
-    encoded = tokenizer.encode(prepared, truncate=True, originals=[text])
+    encoded = tokenizer.encode([tokenizer.cut(text)], truncate=True, originals=[text])
     ids, truncated = whole(tokenizer, text)
     assert encoded.rows[0].tolist() == ids
     assert encoded.truncated == ([0] if truncated else [])
@@ -45,11 +45,12 @@ def test_cut_texts_tokenize_exactly_like_whole_texts(tokenizer: TextTokenizer, p
 
 def test_a_long_text_is_cut_to_a_bounded_prefix_before_tokenizing(tokenizer: TextTokenizer) -> None:
     text = "the quiet river " * 1250  # 20,000 characters
-    (prepared,) = tokenizer.prepare([text], truncate=True)
+    prepared = tokenizer.cut(text)
     assert len(prepared) <= tokenizer.cut_chars < 1000 and text.startswith(prepared)
-    (giant_word,) = tokenizer.prepare(["x" * 20_000], truncate=True)  # no word boundary: kept whole
+    giant_word = tokenizer.cut("x" * 20_000)  # no word boundary: kept whole
     assert len(giant_word) == 20_000
-    assert tokenizer.prepare([text], truncate=False) == [text]  # without truncation nothing is cut
+    limits = Limits(max_client_batch_size=4, max_input_chars=20_000, max_tokenizing_chars=80_000)
+    assert validate([text], limits) == [text]  # the pipeline cuts only with truncation on: here nothing is cut
 
 
 def test_without_truncation_a_long_text_is_refused_naming_it(tokenizer: TextTokenizer) -> None:
