@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PROTO := protos/embedding/v1/embedding.proto
 PROTO_OUT := embedding/v1/embedding_pb2.py
 
-.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak
+.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check
 
 setup: system-packages venv protos
 
@@ -64,6 +64,10 @@ loadtest: setup $(ARTIFACTS)/model.onnx
 
 bench: setup $(ARTIFACTS)/model.onnx
 	$(PY) -m bench --model-dir $(ARTIFACTS)
+
+# On a machine with an NVIDIA GPU: CUDA parity, fp16, `bench --provider cuda`, --workers scaling (scripts/gpu-check.sh).
+gpu-check:
+	@bash scripts/gpu-check.sh
 
 SOAK_MINUTES ?= 10
 soak: setup $(ARTIFACTS)/model.onnx

@@ -21,17 +21,20 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import compute_bound
 from bench.measure import (
     ModelShape,
     load_sweep,
     matmul_peak_flops,
     median_seconds,
+    onnx_per_batch,
     padding_waste,
     per_batch_latency,
     plan_batches,
     time_batches,
+    transport_server,
 )
-from bench.report import write_report
+from bench.report import targets, write_report
 from loadtest.run import local_server
 from loadtest.texts import load_pool
 from server.batcher import BatchPolicy
@@ -41,6 +44,12 @@ from server.tokenize import TextTokenizer
 
 CONCURRENCY = (1, 8, 32, 64, 128)
 BATCH8_CONCURRENCY = (4, 16, 32)
+TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, one text per request
+TRANSPORT_BATCH8 = (16,)
+COMPUTE_BOUND_CONCURRENCY = (32, 128)
+COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding runs (about 10x slower per text)
+# Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, "Tuning").
+COMPUTE_BOUND_FLAGS = ["--intra-op-spinning", "true"]
 WORKERS = 2
 N_TEXTS = 3000
 
@@ -61,12 +70,79 @@ def onnx_parameters(path: Path) -> int:
     return int(sum(np.prod(init.dims) for init in onnx.load(str(path)).graph.initializer))
 
 
+def higher(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
+    return a if a["texts_per_second"] >= b["texts_per_second"] else b
+
+
+def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, list[dict]]:  # type: ignore[type-arg]
+    print("transport ceiling: the same proto answered with a fixed vector (bench/transport.py)", flush=True)
+    with transport_server(dim) as t:
+        return {
+            "single": load_sweep(t.address, TRANSPORT_SINGLE, texts_file, duration, watch_pid=t.pid),
+            "batch8": load_sweep(t.address, TRANSPORT_BATCH8, texts_file, duration, 8, watch_pid=t.pid),
+        }
+
+
+def measure_compute_bound(
+    model_dir: Path, texts: list[str], texts_file: Path, policy: BatchPolicy, duration: float, provider: str
+) -> dict[str, object]:
+    """The MiniLM-sized encoder: raw ceiling, server with and without batching, padding, int8."""
+    print("7. MiniLM-sized configuration (d_model 384, 6 layers, 12 heads, d_ff 1536), same export code", flush=True)
+    out_dir = model_dir / "bench-minilm-size"
+    manifest = compute_bound.build(model_dir, out_dir)
+    config = manifest["config"]
+    assert isinstance(config, dict)
+    tokenizer = TextTokenizer(out_dir / "tokenizer.json")
+    rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
+    pad_id = int(manifest["pad_id"])  # type: ignore[call-overload]
+    runtime = OnnxRuntime(out_dir, RuntimeOptions(provider=provider, spinning=True), pad_id=pad_id)
+    runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
+    batches = plan_batches(rows, policy)
+    ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
+    print(f"  raw ceiling {ceiling[0]:.0f} texts/s", flush=True)
+    singles = [pad_rows([r], runtime.pad_id) for r in rows[:100]]
+    index = iter(range(10**9))
+    single_ms = 1000 * median_seconds(lambda: runtime.run(*singles[next(index) % len(singles)]), 100)
+    flags = [*COMPUTE_BOUND_FLAGS, "--provider", provider]
+    with local_server(str(out_dir), flags) as server:
+        batching = load_sweep(server.target, COMPUTE_BOUND_CONCURRENCY, texts_file, duration)
+    with local_server(str(out_dir), [*flags, "--max-batch-size", "1"]) as server:
+        no_batching = load_sweep(server.target, (32,), texts_file, duration)
+    ceiling.append(len(rows) / time_batches(runtime, batches, repeats=2))
+    print(f"  raw ceiling again {ceiling[1]:.0f} texts/s", flush=True)
+    fifo = replace(policy, length_sorted=False)
+    padding = {
+        f"c={c}": {"sorted": padding_waste(runtime, rows, policy, c), "fifo": padding_waste(runtime, rows, fifo, c)}
+        for c in (32, 128)
+    }
+    ids, mask = pad_rows(rows[:32], runtime.pad_id)
+    per_batch = onnx_per_batch(out_dir, ids, mask, provider)
+    print(f"  padding {padding}; per batch {per_batch}", flush=True)
+    precision = manifest["precision"]
+    assert isinstance(precision, dict)
+    return {
+        "config": config,
+        "parameters": onnx_parameters(out_dir / "model.onnx"),
+        "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling, "batches": len(batches)},
+        "single_text_ms": single_ms,
+        "server": batching,
+        "no_batching": no_batching,
+        "padding": padding,
+        "per_batch": {"shape": list(ids.shape), "seconds": per_batch},
+        "int8_cosine": precision["int8 vs fp32"],
+        "int8_build": precision["int8_build"],
+        "server_flags": COMPUTE_BOUND_FLAGS,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("artifacts"))
     parser.add_argument("--duration", type=float, default=8.0, help="seconds measured per concurrency level")
     parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider measured")
     args = parser.parse_args(argv)
+    server_flags = ["--provider", args.provider]
     started = time.time()
     threads = os.cpu_count() or 1
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
@@ -85,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     texts = pool.mixed(rng, N_TEXTS)
     tokenizer = TextTokenizer(args.model_dir / "tokenizer.json")
     rows = tokenizer.encode(texts, truncate=True).rows
-    runtime = OnnxRuntime(args.model_dir, RuntimeOptions(provider="cpu"), pad_id=manifest["pad_id"])
+    options = RuntimeOptions(provider=args.provider, spinning=True)
+    runtime = OnnxRuntime(args.model_dir, options, pad_id=manifest["pad_id"])
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     results: dict[str, object] = {}
 
@@ -115,23 +192,39 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(texts))
+        transport_readings = [measure_transport(runtime.dim, texts_file, args.duration)]
         print("2. server with dynamic batching", flush=True)
-        with local_server(str(args.model_dir)) as server:
-            results["server"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
+        with local_server(str(args.model_dir), server_flags) as server:
+            results["server"] = load_sweep(
+                server.target, CONCURRENCY, texts_file, args.duration, watch_pid=server.process.pid
+            )
             print("transport floor: Info RPCs, no model work", flush=True)
             results["transport_floor"] = load_sweep(server.target, (32,), texts_file, args.duration, 0)[0]
             print("2b. the same server, 8 texts per request", flush=True)
-            results["server_batch8"] = load_sweep(server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8)
+            results["server_batch8"] = load_sweep(
+                server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8, watch_pid=server.process.pid
+            )
         print(f"workers: --workers {WORKERS}", flush=True)
-        with local_server(str(args.model_dir), ["--workers", str(WORKERS)]) as server:
+        with local_server(str(args.model_dir), [*server_flags, "--workers", str(WORKERS)]) as server:
             results["workers"] = {
                 "n": WORKERS,
                 "single": load_sweep(server.target, (128,), texts_file, args.duration)[0],
                 "batch8": load_sweep(server.target, (32,), texts_file, args.duration, 8)[0],
             }
         print("3. server with --max-batch-size 1", flush=True)
-        with local_server(str(args.model_dir), ["--max-batch-size", "1"]) as server:
+        with local_server(str(args.model_dir), [*server_flags, "--max-batch-size", "1"]) as server:
             results["no_batching"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
+        # Like the ceiling below: read twice and keep the higher, so the serial limit is never understated.
+        transport_readings.append(measure_transport(runtime.dim, texts_file, args.duration))
+        first, second = transport_readings
+        results["transport"] = {
+            kind: [higher(a, b) for a, b in zip(first[kind], second[kind], strict=True)]
+            for kind in ("single", "batch8")
+        }
+        results["transport_readings"] = transport_readings
+        results["compute_bound"] = measure_compute_bound(
+            args.model_dir, texts, texts_file, policy, args.duration, args.provider
+        )
 
     # The machine's speed can drift over the run (shared VM): measure the ceiling again and compare the
     # server against the higher of the two, so the ratio is never flattered by a slow first reading.
@@ -159,7 +252,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("6. matmul peak", flush=True)
     results["matmul_peak_flops"] = matmul_peak_flops(threads)
 
-    results["machine"] = {"cpu": cpu_name(), "cores": threads, "python": platform.python_version()}
+    results["machine"] = {
+        "cpu": cpu_name(),
+        "cores": threads,
+        "python": platform.python_version(),
+        "provider": runtime.provider,
+    }
     results["model"] = {
         "parameters": onnx_parameters(args.model_dir / "model.onnx"),
         "config": config,
@@ -176,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["bench_seconds"] = time.time() - started
     args.out.mkdir(parents=True, exist_ok=True)
     write_report(results, args.out)
+    for target, measured, bar, met in targets(results):
+        print(f"{'met   ' if met else 'MISSED'} {target}: {measured} (bar {bar})")
     print(f"wrote {args.out / 'benchmarks.md'} in {results['bench_seconds']:.0f} s")
 
 

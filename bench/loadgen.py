@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -22,8 +23,32 @@ import numpy as np
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of a process: its main thread (the event loop) and all others."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = other = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if int(tid) == pid:
+            main += seconds
+        else:
+            other += seconds
+    return {"main_thread": main, "other_threads": other}
+
+
 async def run(
-    target: str, concurrency: int, duration: float, warmup: float, texts: list[str], per_request: int = 1
+    target: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    texts: list[str],
+    per_request: int = 1,
+    watch_pid: int | None = None,
 ) -> dict[str, float]:
     channel = grpc.aio.insecure_channel(target)
     stub = embedding_pb2_grpc.EmbedderStub(channel)
@@ -52,9 +77,13 @@ async def run(
     await asyncio.sleep(warmup)
     measuring = True
     started = time.perf_counter()
+    cpu_before = thread_cpu_seconds(watch_pid) if watch_pid else {}
+    own_before = time.process_time()
     await asyncio.sleep(duration)
     measuring = False
     elapsed = time.perf_counter() - started
+    own_cpu = time.process_time() - own_before
+    server_cpu = {k: v - cpu_before[k] for k, v in thread_cpu_seconds(watch_pid).items()} if watch_pid else {}
     stop = True
     await asyncio.gather(*workers)
     await channel.close()
@@ -68,6 +97,10 @@ async def run(
         "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
         "requests": len(latencies),
         "errors": errors,
+        # CPU per request (microseconds) while measuring: where the two shared cores go.
+        "loadgen_cpu_us": 1e6 * own_cpu / max(1, len(latencies)),
+        **{f"server_{k}_cpu_us": 1e6 * v / max(1, len(latencies)) for k, v in server_cpu.items()},
+        "server_cores": sum(server_cpu.values()) / elapsed if server_cpu else float("nan"),
     }
 
 
@@ -79,10 +112,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument("--texts", required=True, help="JSON list of texts")
     parser.add_argument("--texts-per-request", type=int, default=1, help="0: call Info instead (no model work)")
+    parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
     args = parser.parse_args(argv)
     with open(args.texts) as f:
         texts = json.load(f)
-    result = asyncio.run(run(args.target, args.concurrency, args.duration, args.warmup, texts, args.texts_per_request))
+    result = asyncio.run(
+        run(args.target, args.concurrency, args.duration, args.warmup, texts, args.texts_per_request, args.watch_pid)
+    )
     json.dump(result, sys.stdout)
 
 

@@ -7,16 +7,20 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from loadtest.run import free_port, wait_serving
 from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
 ROOT = Path(__file__).resolve().parents[1]
+SETTLE_SECONDS = 0.3  # idle before each timed block (see interleaved_medians)
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,35 @@ def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ig
     return float(np.median(times))
 
 
-def per_batch_latency(
-    model_dir: Path, ids: np.ndarray, mask: np.ndarray, threads: int, rounds: int = 8
-) -> dict[str, float]:
+def interleaved_medians(backends: dict[str, Callable[[], object]], rounds: int = 8) -> dict[str, float]:
+    """Median seconds per call of each backend, measured in interleaved rounds.
+
+    On a shared machine whose speed drifts, every backend sees the same drift. Before each block the
+    process idles briefly: thread pools that spin after their work (OpenMP's in PyTorch, ONNX Runtime's)
+    would otherwise still be spinning on the cores the next backend needs, which made the eager figure
+    swing by half between runs.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in backends}
+    for _ in range(rounds):
+        for name, fn in backends.items():
+            time.sleep(SETTLE_SECONDS)
+            samples[name].append(median_seconds(fn, repeats=6, warmup=2))
+    return {name: float(np.median(values)) for name, values in samples.items()}
+
+
+def onnx_per_batch(model_dir: Path, ids: np.ndarray, mask: np.ndarray, provider: str = "cpu") -> dict[str, float]:
+    """Median seconds for one padded batch in ONNX Runtime: fp32 and int8 on the CPU, fp32 and fp16 on CUDA."""
+    names = {"ONNX Runtime fp32": "fp32", "ONNX Runtime int8": "int8"}
+    if provider == "cuda":
+        names = {"ONNX Runtime fp32": "fp32", "ONNX Runtime fp16": "fp16"}
+    sessions = {
+        name: OnnxRuntime(model_dir, RuntimeOptions(provider=provider, precision=p, spinning=True), pad_id=0)
+        for name, p in names.items()
+    }
+    return interleaved_medians({name: partial(s.run, ids, mask) for name, s in sessions.items()})
+
+
+def per_batch_latency(model_dir: Path, ids: np.ndarray, mask: np.ndarray, threads: int) -> dict[str, float]:
     """Median seconds for one padded batch: eager PyTorch, TorchScript, ONNX Runtime fp32 and int8."""
     import torch
 
@@ -122,21 +152,18 @@ def per_batch_latency(
     scripted = load_torchscript(model_dir / "model.torchscript.pt")
     t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
     fp32, int8 = (
-        OnnxRuntime(model_dir, RuntimeOptions(provider="cpu", precision=p), pad_id=0) for p in ("fp32", "int8")
+        OnnxRuntime(model_dir, RuntimeOptions(provider="cpu", precision=p, spinning=True), pad_id=0)
+        for p in ("fp32", "int8")
     )
-    backends = {
-        "eager PyTorch": lambda: model(t_ids, t_mask),
-        "TorchScript": lambda: scripted(t_ids, t_mask),
-        "ONNX Runtime fp32": lambda: fp32.run(ids, mask),
-        "ONNX Runtime int8": lambda: int8.run(ids, mask),
-    }
-    # Interleaved rounds: on a shared machine whose speed drifts, every backend sees the same drift.
-    samples: dict[str, list[float]] = {name: [] for name in backends}
     with torch.inference_mode():
-        for _ in range(rounds):
-            for name, fn in backends.items():
-                samples[name].append(median_seconds(fn, repeats=6, warmup=1))
-    return {name: float(np.median(values)) for name, values in samples.items()}
+        return interleaved_medians(
+            {
+                "eager PyTorch": lambda: model(t_ids, t_mask),
+                "TorchScript": lambda: scripted(t_ids, t_mask),
+                "ONNX Runtime fp32": lambda: fp32.run(ids, mask),
+                "ONNX Runtime int8": lambda: int8.run(ids, mask),
+            }
+        )
 
 
 def matmul_peak_flops(threads: int, n: int = 2048) -> float:
@@ -149,9 +176,15 @@ def matmul_peak_flops(threads: int, n: int = 2048) -> float:
 
 
 def load_sweep(  # type: ignore[type-arg]
-    target: str, concurrencies: Sequence[int], texts_file: Path, duration: float, per_request: int = 1
+    target: str,
+    concurrencies: Sequence[int],
+    texts_file: Path,
+    duration: float,
+    per_request: int = 1,
+    watch_pid: int | None = None,
 ) -> list[dict]:
     results = []
+    watch = ["--watch-pid", str(watch_pid)] if watch_pid else []
     for concurrency in concurrencies:
         done = subprocess.run(
             [
@@ -168,6 +201,7 @@ def load_sweep(  # type: ignore[type-arg]
                 str(texts_file),
                 "--texts-per-request",
                 str(per_request),
+                *watch,
             ],
             cwd=ROOT,
             capture_output=True,
@@ -183,3 +217,30 @@ def load_sweep(  # type: ignore[type-arg]
             flush=True,
         )
     return results
+
+
+@dataclass(frozen=True)
+class Target:
+    address: str
+    pid: int
+
+
+@contextmanager
+def transport_server(dim: int) -> Iterator[Target]:
+    """bench/transport.py in its own process: the same proto answered with a fixed vector, no model."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.transport", "--port", str(port), "--dim", str(dim)], cwd=ROOT
+    )
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_serving(target)
+        yield Target(target, process.pid)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def serial_limit(raw_texts_per_second: float, transport_texts_per_second: float) -> float:
+    """Texts/s when the model's and the transport's costs are paid one after the other on the same cores."""
+    return 1.0 / (1.0 / raw_texts_per_second + 1.0 / transport_texts_per_second)

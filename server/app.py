@@ -52,7 +52,9 @@ def load_model(config: ServerConfig) -> LoadedModel:
         raise FileNotFoundError(f"{manifest_path} not found: run `make export` or point --model-dir at the artifacts")
     manifest = json.loads(manifest_path.read_text())
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
-    options = RuntimeOptions(config.provider, config.precision, config.intra_op_threads)
+    options = RuntimeOptions(
+        config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
+    )
     runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
     runtime.warm_up(tokenizer.max_length, config.max_batch_tokens, config.max_batch_size)
     info = ModelInfo(

@@ -31,6 +31,7 @@ class RuntimeOptions:
     precision: str = "fp32"  # fp32 | int8 | fp16
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = 1
+    spinning: bool = False  # let intra-op threads busy-wait between ops (see ServerConfig.intra_op_spinning)
 
 
 def pad_rows(rows: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +67,9 @@ class OnnxRuntime:
         session_options.intra_op_num_threads = options.intra_op_threads
         session_options.inter_op_num_threads = options.inter_op_threads
         session_options.log_severity_level = 3
+        spin = "1" if options.spinning else "0"
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        session_options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         wanted = _providers_for(options.provider)
         # onnxruntime-gpu lists CUDA even where CUDA/cuDNN are missing; asking for it there logs a
         # screen of errors before falling back. Silence the probe; get_providers() tells the truth.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,54 @@ def test_load_generator_reports_throughput_and_latency(served: ServerThread, tmp
     result = json.loads(done.stdout)
     assert result["errors"] == 0 and result["requests"] > 10
     assert result["texts_per_second"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
+
+
+def test_transport_ceiling_server_answers_each_input_with_a_fixed_vector(tmp_path: Path) -> None:
+    import grpc
+
+    from bench.measure import transport_server
+    from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+
+    with transport_server(dim=8) as target:
+        with grpc.insecure_channel(target.address) as channel:
+            stub = embedding_pb2_grpc.EmbedderStub(channel)
+            response = stub.Embed(embedding_pb2.EmbedRequest(inputs=["a", "b c", "d"]), timeout=10)
+        assert [len(e.values) for e in response.embeddings] == [8, 8, 8]
+        # The load generator watches the server's threads: CPU per request is reported for the budget table.
+        texts = tmp_path / "texts.json"
+        texts.write_text(json.dumps(["one text", "another"]))
+        flags = ["--concurrency", "2", "--duration", "0.5", "--warmup", "0.2", "--texts", str(texts)]
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.loadgen", "--target", target.address, *flags, "--watch-pid", str(target.pid)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+    result = json.loads(done.stdout)
+    assert result["requests"] > 0 and result["errors"] == 0
+    assert result["server_main_thread_cpu_us"] > 0 and result["loadgen_cpu_us"] > 0
+
+
+def test_serial_limit_adds_the_two_costs_per_text() -> None:
+    from bench.report import serial_limit
+
+    # 1/4000 s of model time plus 1/2000 s of transport time per text: 1333 texts/s when paid in turn.
+    assert round(serial_limit(4000, 2000)) == 1333
+
+
+def test_gpu_check_without_a_gpu_says_so_and_fails(tmp_path: Path) -> None:
+    # An nvidia-smi that lists no device (as on a machine without a GPU or driver) stands first in PATH.
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed: no devices were found' >&2\nexit 9\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "scripts/gpu-check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "no NVIDIA GPU on this machine" in done.stderr and "pending" in done.stderr
+    assert "make setup" not in done.stdout  # stopped before installing anything
+    dry_run = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "scripts/gpu-check.sh" in dry_run.stdout

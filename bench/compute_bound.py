@@ -1,0 +1,46 @@
+"""A MiniLM-sized configuration of our encoder, exported by the same export code, for `make bench`.
+
+d_model 384, 6 layers, 12 heads, d_ff 1536 (the shape of all-MiniLM-L6-v2), untrained: the speed of a
+forward pass does not depend on what the weights learned. Our tokenizer and vocabulary are kept, so the
+same texts and the same server run it. This is where compute per text is large enough for batching and
+int8 to pay, which the 1.5 M-parameter trained model cannot show on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+MINILM_SIZE = {"d_model": 384, "n_layers": 6, "n_heads": 12, "d_ff": 1536}
+BUILD_MARK = "bench-build.json"
+
+
+def build(source_dir: Path, out_dir: Path, seed: int = 0) -> dict[str, object]:
+    """Writes out_dir with every serving artifact (export_all); reuses it when already built for this
+    configuration. Returns the manifest."""
+    import torch
+
+    from export.artifacts import MANIFEST_FILE, TOKENIZER_FILE, export_all
+    from model.train import CHECKPOINT
+    from model.transformer import Encoder, EncoderConfig
+
+    source = json.loads((source_dir / MANIFEST_FILE).read_text())["config"]
+    config = EncoderConfig(**{**source, **MINILM_SIZE, "dropout": 0.0})
+    wanted = {"config": config.to_dict(), "seed": seed}
+    mark = out_dir / BUILD_MARK
+    if mark.is_file() and json.loads(mark.read_text()) == wanted and (out_dir / MANIFEST_FILE).is_file():
+        return dict(json.loads((out_dir / MANIFEST_FILE).read_text()))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    torch.manual_seed(seed)
+    model = Encoder(config).eval()
+    summary = {"note": "untrained, for speed measurements only"}
+    torch.save({"config": config.to_dict(), "state_dict": model.state_dict(), "summary": summary}, out_dir / CHECKPOINT)
+    shutil.copy(source_dir / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
+    manifest, report = export_all(out_dir)
+    if not report.passes():
+        raise SystemExit(f"parity failed for the MiniLM-sized export:\n{report.table()}")
+    mark.write_text(json.dumps(wanted))
+    return manifest

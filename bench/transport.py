@@ -1,0 +1,54 @@
+"""The transport ceiling: a minimal grpc.aio server from the same proto, with no tokenizer and no model.
+
+    python -m bench.transport --port 50061 [--dim 128]
+
+Every Embed is answered with one fixed ``dim``-float vector per input (health answers SERVING so the
+benchmark's wait works unchanged). The same load generator that measures the real server measures this
+one, in its own process: the difference is everything the real server does beyond gRPC itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+
+
+class FixedEmbedder(embedding_pb2_grpc.EmbedderServicer):
+    def __init__(self, dim: int) -> None:
+        self._vector = [1.0 / dim**0.5] * dim
+
+    async def Embed(
+        self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> embedding_pb2.EmbedResponse:
+        return embedding_pb2.EmbedResponse(
+            embeddings=[embedding_pb2.Embedding(values=self._vector) for _ in request.inputs]
+        )
+
+
+async def serve(port: int, dim: int) -> None:
+    server = grpc.aio.server()
+    embedding_pb2_grpc.add_EmbedderServicer_to_server(FixedEmbedder(dim), server)
+    checks = health.aio.HealthServicer()
+    await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dim", type=int, default=128)
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.port, args.dim))
+
+
+if __name__ == "__main__":
+    main()

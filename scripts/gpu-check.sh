@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# `make gpu-check`: the CUDA backend's parity and speed, on a machine with an NVIDIA GPU.
+#
+#   1. installs the CUDA 13 / cuDNN 9 libraries ONNX Runtime needs (pip extras of onnxruntime-gpu);
+#   2. export parity on the CUDA execution provider: fp32 against CPU (max abs <= 1e-4), fp16 (cosine >= 0.999),
+#      for the trained model and the MiniLM-sized configuration;
+#   3. `python -m bench --provider cuda` for both configurations -> docs/benchmarks-gpu.md;
+#   4. --workers 1, 2, 4 and 8 at saturation on the CPU (the scaling a 2-core machine cannot show).
+#
+# Without a GPU it stops at once with a clear message and exit code 2: nothing is installed or changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu-check: no NVIDIA GPU on this machine (nvidia-smi is missing or lists no device)." >&2
+    echo "gpu-check: nothing was run; the GPU figures in docs/benchmarks.md stay pending." >&2
+    exit 2
+fi
+nvidia-smi -L
+
+make setup
+.venv/bin/python -m pip install -q 'onnxruntime-gpu[cuda,cudnn]==1.31.*'
+test -f "${ARTIFACTS:-artifacts}/model.onnx" || make export
+.venv/bin/python -m bench.gpu_check --model-dir "${ARTIFACTS:-artifacts}" --out docs
