@@ -116,9 +116,9 @@ def interleaved_medians(backends: dict[str, Callable[[], object]], rounds: int =
     """Median seconds per call of each backend, measured in interleaved rounds.
 
     On a shared machine whose speed drifts, every backend sees the same drift. Before each block the
-    process idles briefly: thread pools that spin after their work (OpenMP's in PyTorch, ONNX Runtime's)
-    would otherwise still be spinning on the cores the next backend needs, which made the eager figure
-    swing by half between runs.
+    process idles briefly, so thread pools that busy-wait after their work (OpenMP's in PyTorch, ONNX
+    Runtime's) are asleep before the next backend needs the cores; without it the eager figure swung
+    between 26 and 43 ms from one run to the next.
     """
     samples: dict[str, list[float]] = {name: [] for name in backends}
     for _ in range(rounds):
