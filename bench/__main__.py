@@ -103,6 +103,10 @@ def measure_compute_bound(
     singles = [pad_rows([r], runtime.pad_id) for r in rows[:100]]
     index = iter(range(10**9))
     single_ms = 1000 * median_seconds(lambda: runtime.run(*singles[next(index) % len(singles)]), 100)
+    started = time.perf_counter()
+    for ids, mask in singles:  # the whole length mix one text at a time: what no batching at all can reach
+        runtime.run(ids, mask)
+    singles_per_second = len(singles) / (time.perf_counter() - started)
     flags = [*COMPUTE_BOUND_FLAGS, "--provider", provider]
     with local_server(str(out_dir), flags) as server:
         batching = load_sweep(server.target, COMPUTE_BOUND_CONCURRENCY, texts_file, duration)
@@ -125,6 +129,7 @@ def measure_compute_bound(
         "parameters": onnx_parameters(out_dir / "model.onnx"),
         "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling, "batches": len(batches)},
         "single_text_ms": single_ms,
+        "singles_per_second": singles_per_second,
         "server": batching,
         "no_batching": no_batching,
         "padding": padding,
@@ -148,14 +153,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
     config = manifest["config"]
     shape = ModelShape(config["n_layers"], config["d_model"], config["d_ff"])
-    defaults = ServerConfig()
-    policy = BatchPolicy(
-        defaults.max_batch_tokens,
-        defaults.max_batch_size,
-        defaults.max_queue_tokens,
-        max_padding_ratio=defaults.max_padding_ratio,
-    )
-
     rng = random.Random(0)
     pool = load_pool()
     texts = pool.mixed(rng, N_TEXTS)
@@ -163,6 +160,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = tokenizer.encode(texts, truncate=True).rows
     options = RuntimeOptions(provider=args.provider, spinning=True)
     runtime = OnnxRuntime(args.model_dir, options, pad_id=manifest["pad_id"])
+    defaults = ServerConfig()
+    policy = BatchPolicy(  # the server's defaults on this provider
+        defaults.batch_tokens_for(runtime.provider),
+        defaults.max_batch_size,
+        defaults.max_queue_tokens,
+        max_padding_ratio=defaults.max_padding_ratio,
+    )
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     results: dict[str, object] = {}
 

@@ -230,6 +230,146 @@ def compute_bound_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cpu_per_request(x: dict[str, Any]) -> float:
+    """Server CPU microseconds per request, all threads."""
+    return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
+
+
+def limits_section(r: dict[str, Any]) -> list[str]:
+    """Where the time goes against the serial limit: this run's CPU figures, the profile, what was tried."""
+    lim = limits(r)
+    raw = r["ceiling"]["texts_per_second"]
+    cores = r["machine"]["cores"]
+    server32, transport32 = _at(r["server"], 32), _at(r["transport"]["single"], 32)
+    raw_cpu_us = cores * 1e6 / raw  # the ceiling keeps every core busy
+    server_cpu, transport_cpu = cpu_per_request(server32), cpu_per_request(transport32)
+    extra = server_cpu - transport_cpu - raw_cpu_us
+    b8 = _at(r["server_batch8"], 16)
+    one_client, transport_one = _at(r["server"], 1)["p50_ms"], _at(r["transport"]["single"], 1)["p50_ms"]
+    fractions = ", ".join(f"{x['fraction']:.2f} L at {key}" for key, x in lim.items())
+    return [
+        "## What limits it",
+        "",
+        f"This run: {fractions}. The serial limit L charges each text the raw ceiling's ONNX Runtime cost "
+        f"({raw_cpu_us:.0f} CPU-us per text in length-sorted batches of {r['ceiling']['mean_batch']:.0f}) plus the "
+        f"transport ceiling's per-request cost (its server: {transport_cpu:.0f} CPU-us per request at 32 clients; "
+        "the load generator's own cost is in the transport ceiling too). "
+        f"The server spent {server_cpu:.0f} CPU-us per single-text request at 32 clients, so about {extra:.0f} us "
+        "per request are costs L does not count. A py-spy profile of the server under this load "
+        "(`py-spy record --threads`, 32 clients, single text, this machine) shows where they are:",
+        "",
+        "- **Tokenization on the event loop**: ~24% of the event-loop thread's busy time, ~100 us per text. The "
+        "held-out texts average 133 characters (the 22 us of the issue was for a short text); `encode` and "
+        "`encode_batch` cost the same per text here. The transport ceiling does not tokenize.",
+        "- **Inference in small batches**: with single-text requests at 32 clients the batcher closes a batch as soon "
+        "as the inference thread is free, and the length-sorted padding cap splits the random length mix: batches "
+        "averaged 5.1 texts (6 ms each, server metrics). ONNX Runtime costs 330-500 CPU-us per text in such batches "
+        "against the ceiling's figure above for its large sorted batches, and every batch pays the wake-up of the "
+        "intra-op thread (spinning is off).",
+        "- **Our Python per request**: ~20% of the event-loop thread's busy time (batcher ~9%, metrics ~6%, "
+        "L2 normalisation 3%, building the response 2.5%). The remaining ~57% is grpcio's own per-call machinery "
+        "(Cython callbacks receiving, deserialising and sending), the cost the transport ceiling also pays.",
+        f"- **8 texts per request**: the server kept {b8['server_cores']:.2f} of {cores} cores busy and its threads "
+        f"other than the event loop (mostly ONNX Runtime) spent {b8['server_other_threads_cpu_us'] / 8:.0f} CPU-us per "
+        f"text, against {raw_cpu_us:.0f} in the raw ceiling: the event loop and the inference thread take turns more "
+        "than they overlap, and the idle intra-op thread is woken per operator. This load was not profiled "
+        "separately in this round.",
+        "- **One client**: the transport ceiling alone answers one client at p50 "
+        f"{transport_one:.2f} ms here; the server's {one_client:.2f} ms adds tokenization, the hop to the inference "
+        "thread and back, and ONNX Runtime waking its sleeping intra-op thread for each operator. "
+        "An A/B run (two rounds, 5 s each) put one-client p50 at 2.36-2.40 ms with spinning off (the default), "
+        "1.91-1.99 ms with it on and 2.21-2.46 ms with `--intra-op-threads 1`; spinning on cost 32-client "
+        "throughput (699-879 against 902-932 texts/s), so the default stays off.",
+        "",
+        *compute_bound_limits(r),
+        "What was tried, measured as interleaved A/B runs on this machine at 32 single-text clients (the machine "
+        "drifts by +-30% between runs, so each row is a range over rounds):",
+        "",
+        "| change | before | after | kept |",
+        "|---|---|---|---|",
+        "| ONNX Runtime threads stop spinning (`--intra-op-spinning false`, now the default) | 614-652 texts/s, "
+        "2.6-2.8 CPU-ms per request | 797-1141 texts/s, 1.4-1.8 CPU-ms per request | yes |",
+        "| and `--intra-op-threads 1` | 797-1141 | 821-882 | no |",
+        "| token budget per batch on the CPU 16384 -> 2048 (`--max-batch-tokens` default by provider; raw ONNX Runtime "
+        "on the batcher's batches, 2 rounds) | 1.5 M model 1805-2728 texts/s, MiniLM-sized 127-178 | 3327-3463, "
+        "210-241 (1024 and 512: no better) | yes |",
+        "| pipeline depth 2 (next batch handed to the inference thread while one runs) | 850-997 | 930-1121 (within "
+        "noise) | no: more code for no clear gain |",
+        "| `sys.setswitchinterval` 1 ms and 0.2 ms (GIL hand-over) | | no change | no |",
+        "| grpcio 1.71.2 ... 1.85.1 (transport ceiling, 2 rounds, 32 and 128 clients) | round-to-round spread "
+        "+-20-30% | no version consistently faster | keep 1.85.1 |",
+        "| `np.einsum` row norms | 14 us per batch | 11 us | no (3 us) |",
+        "| response rows via `extend` | 17 us per batch | 58 us | no |",
+        "| MiniLM-sized model: spinning on | 148-155 texts/s | 171-182 texts/s | yes, there (`--intra-op-spinning true`) |",
+        "",
+        "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
+        "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
+        "in one pass on the loop. What would move the single-text figures further is cutting per-request Python: "
+        "a compiled front end (as text-embeddings-inference's Rust router) or tokenizing in a separate process; "
+        "both change the architecture and were not attempted in this round.",
+        "",
+    ]
+
+
+def compute_bound_limits(r: dict[str, Any]) -> list[str]:
+    cb = r["compute_bound"]
+    ceiling = cb["ceiling"]["texts_per_second"]
+    singles = cb.get("singles_per_second", 1000 / cb["single_text_ms"])
+    build = cb["int8_build"]
+    seconds = cb["per_batch"]["seconds"]
+    shape = cb["per_batch"]["shape"]
+    timed = build["seconds_per_batch"][build["chosen"]]
+    return [
+        f"- **Batching on the MiniLM-sized model**: ONNX Runtime running the whole length mix one text at a time "
+        f"reaches {singles:.0f} texts/s against the {ceiling:.0f} texts/s of the batcher's batches, so on this CPU "
+        f"batching can at most gain {ceiling / singles:.2f}x over no batching at all, whatever the server does: a "
+        "32-token text is already a 32 x 384 matrix that keeps two cores busy in each matmul. The >= 2x target needs "
+        "a machine where one text leaves the hardware idle (a GPU, or many cores); `make gpu-check` measures it there.",
+        f"- **int8 on the MiniLM-sized model**: {seconds['ONNX Runtime fp32'] / seconds.get('ONNX Runtime int8', float('nan')):.2f}x "
+        f"on the {shape[0]} x {shape[1]} batch in this run, {build['fp32_seconds_per_batch'] / timed:.2f}x on the "
+        f"{build['timed_batch'][0]} x {build['timed_batch'][1]} batch the export timed. The ratio moves with the machine: "
+        "repeated interleaved measurements of the same 32 x 128 batch gave 1.78x, 1.85x and 1.93x within ten minutes. "
+        "Options of ONNX Runtime's dynamic quantization, measured side by side on this model (32 x 48 / 32 x 128, against "
+        "fp32): plain 1.87x / 1.90x, per-channel 1.89x / 1.88x, `reduce_range` 1.87x / 1.91x, both 1.90x / 1.75x, "
+        "MatMul only 1.92x / 1.86x, all at cosine >= 0.9999: none is reliably better than plain. The transformer "
+        "optimizer's fusions before quantizing (`optimized+quantized`) measured slower than plain quantization ("
+        + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in build["seconds_per_batch"].items())
+        + "), so the export keeps plain quantization. What stays fp32 (run-time quantization of activations, "
+        "softmax, LayerNorm, GELU) bounds the gain near 2x on this CPU.",
+        "",
+    ]
+
+
+def gpu_section(r: dict[str, Any], out: Path) -> list[str]:
+    if "CUDA" in r["machine"].get("provider", ""):
+        return [
+            "## GPU",
+            "",
+            "This file is the CUDA run of `make gpu-check`; parity and `--workers` scaling: "
+            "[gpu-check.md](gpu-check.md).",
+            "",
+        ]
+    if (out / "gpu" / "gpu-check.md").exists():
+        return [
+            "## GPU",
+            "",
+            "Measured by `make gpu-check` on a machine with an NVIDIA GPU: parity and `--workers` "
+            "scaling in [gpu/gpu-check.md](gpu/gpu-check.md), speed on the CUDA execution provider in "
+            "[gpu/benchmarks.md](gpu/benchmarks.md).",
+            "",
+        ]
+    return [
+        "## GPU",
+        "",
+        "**Pending.** No machine with an NVIDIA GPU has been available to the sessions that produced this file, so the "
+        "CUDA execution provider (`--provider cuda`, `--precision fp16`) is not measured here. On such a machine "
+        "`make gpu-check` installs the CUDA libraries, checks export parity on CUDA (fp32 against CPU within 1e-4, fp16 "
+        "cosine >= 0.999), runs this benchmark with `--provider cuda` for both configurations and `--workers` 1, 2, 4, 8 "
+        "on the CPU, and writes `docs/gpu/`; this section then links to it.",
+        "",
+    ]
+
+
 def plot(r: dict[str, Any], out: Path) -> None:
     import matplotlib
 
@@ -269,12 +409,13 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         "32 x 128 batch took 29 ms in one run and 45 ms an hour later). Absolute figures therefore move between",
         "runs; the targets are ratios measured within one run, and per-backend timings are interleaved.",
         "",
-        f"- **Machine**: {m['cpu']}, {m['cores']} cores, no GPU; Python {m['python']}; "
+        f"- **Machine**: {m['cpu']}, {m['cores']} cores; execution provider {m.get('provider', 'CPUExecutionProvider')}; "
+        f"Python {m['python']}; "
         f"benchmark took {r['bench_seconds']:.0f} s.",
         f"- **Model**: {r['model']['parameters'] / 1e6:.2f} M parameters, {c['n_layers']} layers, d_model {c['d_model']}, {c['n_heads']} heads, d_ff {c['d_ff']}, "
         f"max length {c['max_len']}, vocabulary {c['vocab_size']}.",
         f"- **Server settings** (defaults): max batch tokens {s['max_batch_tokens']}, max batch size {s['max_batch_size']}, "
-        f"max queue tokens {s['max_queue_tokens']}, max delay {s['max_delay_ms']} ms; CPU execution provider, fp32.",
+        f"max queue tokens {s['max_queue_tokens']}, max delay {s['max_delay_ms']} ms; fp32.",
         f"- **Traffic**: {s['texts']} held-out WordNet texts in a realistic length mix (lemmas, sentences, definitions, "
         f"~120-token passages): {r['ceiling']['real_tokens_per_text']:.1f} tokens per text on average. Load: a separate "
         f"asyncio gRPC process, closed loop, one text per request, {s['duration_per_level_s']:.0f} s per level after warm-up.",
@@ -365,9 +506,6 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         ]
     best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
     achieved = best * r["ceiling"]["flops_per_text"]
-    gain32, gain128 = (
-        _at(r["server"], c)["texts_per_second"] / _at(r["no_batching"], c)["texts_per_second"] for c in (32, 128)
-    )
     lines += [
         "",
         "## 6. Achieved FLOP/s",
@@ -385,30 +523,7 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         "",
         *compute_bound_section(r),
         "",
-        "## What limits it",
-        "",
-        f"- **Per-request CPU cost of Python gRPC on 2 shared cores.** An RPC that does no model work (`Info`) tops out at "
-        f"{r['transport_floor']['requests_per_second']:.0f} requests/s at 32 clients on this machine, with the load "
-        "generator on the same two cores. A single-text `Embed` adds tokenization, two thread hops (tokenizer pool, "
-        "inference thread), the batcher and a 128-float response on top, so single-text traffic saturates the CPU on "
-        "per-request work long before ONNX Runtime is busy: that is why single-text throughput stays well under the "
-        f"ceiling and why batching gains only {gain32:.1f}x (32 clients) to {gain128:.1f}x (128 clients) there "
-        "(without batching the same per-request cost is paid, plus "
-        "one ONNX Runtime call per text). With 8 texts per request the per-request cost is shared and the server gets "
-        "much closer to the ceiling.",
-        "- The ceiling itself runs ONNX Runtime alone on both cores with no gRPC, no tokenization and no load "
-        "generator beside it; the server can never have all of that.",
-        "- The model is tiny (d_model 128): each matmul is small, so per-op overhead and the softmax/LayerNorm/"
-        "element-wise work weigh more than the FLOP count suggests; the ceiling reaches only part of the matmul peak.",
-        "- int8: dynamic quantization speeds up the matmuls (the weights), but activations are quantized at run time "
-        "and attention, softmax and LayerNorm stay fp32; with d_model 128 those parts are a large share of the time, "
-        "so the gain is below 1.8x. The ONNX Runtime transformer optimizer's fusions do not match this hand-written "
-        "attention, and its variant measured slower, so `make export` keeps plain quantization.",
-        "",
-        "## GPU",
-        "",
-        "No GPU was available to the session that produced this file; the CUDA execution provider path",
-        "(`--provider cuda`, `--precision fp16`) is therefore not measured here.",
-        "",
+        *limits_section(r),
+        *gpu_section(r, out),
     ]
     (out / "benchmarks.md").write_text("\n".join(lines))

@@ -4,7 +4,7 @@
 #   1. installs the CUDA 13 / cuDNN 9 libraries ONNX Runtime needs (pip extras of onnxruntime-gpu);
 #   2. export parity on the CUDA execution provider: fp32 against CPU (max abs <= 1e-4), fp16 (cosine >= 0.999),
 #      for the trained model and the MiniLM-sized configuration;
-#   3. `python -m bench --provider cuda` for both configurations -> docs/benchmarks-gpu.md;
+#   3. `python -m bench --provider cuda` for both configurations -> docs/gpu/benchmarks.md, parity -> docs/gpu/gpu-check.md;
 #   4. --workers 1, 2, 4 and 8 at saturation on the CPU (the scaling a 2-core machine cannot show).
 #
 # Without a GPU it stops at once with a clear message and exit code 2: nothing is installed or changed.
