@@ -29,9 +29,11 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
+def export_all(
+    model_dir: Path | str, model_id: str = MODEL_ID, source: str = "trained here (make train)"
+) -> tuple[dict[str, object], ParityReport]:
     """Writes every artifact; the ParityReport is eager/TorchScript/ONNX (the gate), the manifest also
-    carries the int8/fp16 figures."""
+    carries the int8/fp16 figures. model_id and source name where the weights came from."""
     model_dir = Path(model_dir)
     model, summary = load_checkpoint(model_dir / CHECKPOINT)
     tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
@@ -43,16 +45,18 @@ def export_all(model_dir: Path | str) -> tuple[dict[str, object], ParityReport]:
     export_torchscript(model, model_dir / TORCHSCRIPT_FILE)
     export_onnx(model, model_dir / ONNX_FILE)
     report = verify_artifacts(model_dir)
-    int8_choice = export_int8(model_dir, model.config.n_heads, model.config.d_model, model.config.max_len)
+    config = model.config
+    int8_choice = export_int8(model_dir, config.n_heads, config.d_model, config.max_len, config.vocab_size)
     export_fp16(model_dir)
     config = model.config
     precision = precision_report(model_dir, config.vocab_size, config.pad_id, config.max_len)
-    triton = write_triton_repository(model_dir, MODEL_ID)
+    triton = write_triton_repository(model_dir, model_id.rsplit("/", 1)[-1])  # a folder name: no owner/
 
     files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
     checkpoint_sha = sha256(model_dir / CHECKPOINT)
     manifest: dict[str, object] = {
-        "model_id": MODEL_ID,
+        "model_id": model_id,
+        "source": source,
         "model_version": checkpoint_sha[:12],  # changes whenever the weights do
         "config": model.config.to_dict(),
         "dim": model.config.d_model,

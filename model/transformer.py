@@ -37,15 +37,38 @@ class EncoderConfig:
     norm_first: bool = True  # pre-LN (True, stabler for brief training) or post-LN as in the paper
     layer_norm_eps: float = 1e-5
     pad_id: int = 0  # id of the padding token; its embedding row is kept at zero
+    # Switches for the BERT family (model/pretrained.py); the defaults are the paper's encoder.
+    positions: str = "sinusoidal"  # sinusoidal (fixed, paper) | learned (a trained table of max_len rows)
+    type_vocab_size: int = 0  # >0: a token-type embedding table; every input is type 0, as in one-segment BERT
+    embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
+    activation: str = "relu"  # feed-forward non-linearity: relu (paper) | gelu (exact, erf-based, BERT)
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper); BERT does not
 
     def __post_init__(self) -> None:
         assert self.d_model % self.n_heads == 0, "d_model must be divisible by n_heads"
         assert self.vocab_size > 0 and self.max_len > 0 and self.n_layers > 0
         assert 0 <= self.pad_id < self.vocab_size
         assert 0.0 <= self.dropout < 1.0
+        assert self.positions in ("sinusoidal", "learned"), (
+            f"positions must be sinusoidal or learned, not {self.positions!r}"
+        )
+        assert self.activation in ("relu", "gelu"), f"activation must be relu or gelu, not {self.activation!r}"
+        assert self.type_vocab_size >= 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+class LearnedPositions(nn.Module):
+    """A trained position table (BERT), added like the sinusoidal encoding."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: (B, T, C)
+        return x + self.table.weight[: x.size(1)].unsqueeze(0)  # (1, T, C) broadcast over B
 
 
 class PositionalEncoding(nn.Module):
@@ -109,17 +132,20 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward: Linear -> ReLU -> Linear (paper, section 3.3)."""
+    """Position-wise feed-forward: Linear -> ReLU (or GELU) -> Linear (paper, section 3.3)."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.fc_in = nn.Linear(config.d_model, config.d_ff)
         self.fc_out = nn.Linear(config.d_ff, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
+        self.gelu = config.activation == "gelu"
 
     def forward(self, x: Tensor) -> Tensor:
         # (B, T, C) -> (B, T, F) -> (B, T, C)
-        return self.fc_out(self.dropout(F.relu(self.fc_in(x))))
+        h = self.fc_in(x)
+        h = F.gelu(h) if self.gelu else F.relu(h)
+        return self.fc_out(self.dropout(h))
 
 
 class EncoderLayer(nn.Module):
@@ -161,15 +187,25 @@ def masked_mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
 
 
 class Encoder(nn.Module):
-    """Token embedding * sqrt(C) + positional encoding -> N encoder layers -> (final LN) -> mean pool."""
+    """Token embedding * sqrt(C) + positions (+ type 0) (-> LN) -> N encoder layers -> (final LN) -> mean pool."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.config = config
         self.d_model = config.d_model
         self.max_len = config.max_len
+        self.embedding_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
-        self.positional_encoding = PositionalEncoding(config.d_model, config.max_len)
+        self.positional_encoding: nn.Module = (
+            LearnedPositions(config.d_model, config.max_len)
+            if config.positions == "learned"
+            else PositionalEncoding(config.d_model, config.max_len)
+        )
+        # One-segment inputs: every token has type 0, so only that row of the table is ever used.
+        self.token_type_embedding = (
+            nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        )
+        self.embedding_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else None
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.n_layers)])
         # Pre-LN leaves the residual stream un-normalised after the last layer; post-LN already ends in LN.
@@ -190,8 +226,13 @@ class Encoder(nn.Module):
     def token_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Last layer's states for every position. input_ids, attention_mask: (B, T) -> (B, T, C)."""
         key_padding_mask = attention_mask == 0  # (B, T) True where padding
-        x = self.token_embedding(input_ids) * math.sqrt(self.d_model)  # (B, T, C)
-        x = self.embedding_dropout(self.positional_encoding(x))
+        x = self.token_embedding(input_ids) * self.embedding_scale  # (B, T, C)
+        x = self.positional_encoding(x)
+        if self.token_type_embedding is not None:
+            x = x + self.token_type_embedding.weight[0]  # (C,) broadcast: type 0 everywhere
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        x = self.embedding_dropout(x)
         for layer in self.layers:
             x = layer(x, key_padding_mask)
         if self.final_norm is not None:

@@ -174,3 +174,11 @@ SENTENCES = [
     "the act of someone who picks up or takes something",
     "move fast",
 ]
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random sentence-transformers BERT folder (tests/tiny_bert.py)."""
+    from tests.tiny_bert import write_tiny_bert
+
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))

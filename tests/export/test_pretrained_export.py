@@ -1,0 +1,71 @@
+"""A BERT-family checkpoint through the same export and the same server as a trained one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from embedding.v1 import embedding_pb2
+from export.pretrained import export_pretrained
+from tests.conftest import ServerThread, request, server_config
+from tests.model.test_pretrained import reference_embeddings
+from tests.tiny_bert import MAX_SEQ_LENGTH, SENTENCES
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-bert-artifacts")
+    export_pretrained(tiny_bert, out, model_id="test/tiny-bert")
+    return out
+
+
+def test_writes_the_artifact_contract_with_parity(exported: Path) -> None:
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert manifest["model_id"] == "test/tiny-bert" and "pretrained checkpoint" in manifest["source"]
+    assert manifest["max_length"] == MAX_SEQ_LENGTH and manifest["normalized"] is False
+    assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["output"] == "embeddings"
+    assert set(manifest["files"]) >= {"model.onnx", "model.int8.onnx", "model.fp16.onnx", "tokenizer.json"}
+    parity = manifest["parity"]  # eager vs TorchScript vs ONNX Runtime, and each row alone vs in a padded batch
+    assert parity["passed"] is True and parity["row_alone_max_abs"]
+    assert manifest["precision"]["int8 vs fp32"]["passes"]
+    assert (exported / "model_repository" / "tiny-bert" / "config.pbtxt").is_file()
+
+
+def test_onnx_model_equals_the_reference_bert(exported: Path, tiny_bert: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(exported / "tokenizer.json"))
+    encodings = tokenizer.encode_batch(SENTENCES)
+    ids = np.array([e.ids for e in encodings], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+    session = ort.InferenceSession(str(exported / "model.onnx"), providers=["CPUExecutionProvider"])
+    (ours,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    theirs = reference_embeddings(tiny_bert, torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    assert float(np.abs(ours - theirs).max()) <= 1e-4
+
+
+def test_the_server_serves_it_unchanged(exported: Path, tiny_bert: Path) -> None:
+    server = ServerThread(server_config(exported))
+    try:
+        response = server.stub().Embed(request(*SENTENCES))
+        info = server.stub().Info(embedding_pb2.InfoRequest())
+    finally:
+        server.stop()
+    got = np.array([e.values for e in response.embeddings], dtype=np.float32)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_bert / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=0)
+    encodings = tokenizer.encode_batch(SENTENCES)
+    ids = torch.tensor([e.ids for e in encodings])
+    mask = torch.tensor([e.attention_mask for e in encodings])
+    theirs = reference_embeddings(tiny_bert, ids, mask).numpy()
+    theirs /= np.linalg.norm(theirs, axis=1, keepdims=True)
+    assert got.shape == theirs.shape
+    assert float(np.abs(got - theirs).max()) <= 1e-4
+    assert info.model_id == "test/tiny-bert" and info.dim == 32 and info.max_input_length == MAX_SEQ_LENGTH
