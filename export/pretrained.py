@@ -48,6 +48,10 @@ def export_pretrained(source: Path, out: Path, model_id: str | None = None) -> d
     print(report.table())
     if not report.passes():
         raise SystemExit("parity check failed: see the table above")
+    int8 = manifest["precision"]["int8 vs fp32"]  # type: ignore[index]
+    print(f"int8 vs fp32: mean cosine {int8['mean_cosine']:.5f}, worst row {int8['worst_row_cosine']:.5f}")
+    if not int8["passes"]:
+        raise SystemExit("int8 model is below the 0.99 mean cosine bar against fp32")
     return manifest
 
 

@@ -66,7 +66,9 @@ def _quantize(source: Path, out: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8, per_channel=False)
+        # Per-channel weight scales: all-MiniLM-L6-v2 kept mean cosine 0.991 to fp32 on real sentences with them
+        # and 0.959 with one scale per tensor (reduce_range: 0.886), at the same speed on our models.
+        quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8, per_channel=True)
     return out
 
 
