@@ -48,7 +48,7 @@ TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, o
 TRANSPORT_BATCH8 = (16,)
 COMPUTE_BOUND_CONCURRENCY = (32, 128)
 COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding runs (about 10x slower per text)
-# Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, "Tuning").
+# Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
 COMPUTE_BOUND_FLAGS = ["--intra-op-spinning", "true"]
 WORKERS = 2
 N_TEXTS = 3000
@@ -202,8 +202,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             results["server"] = load_sweep(
                 server.target, CONCURRENCY, texts_file, args.duration, watch_pid=server.process.pid
             )
-            print("transport floor: Info RPCs, no model work", flush=True)
-            results["transport_floor"] = load_sweep(server.target, (32,), texts_file, args.duration, 0)[0]
             print("2b. the same server, 8 texts per request", flush=True)
             results["server_batch8"] = load_sweep(
                 server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8, watch_pid=server.process.pid

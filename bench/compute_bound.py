@@ -8,12 +8,22 @@ int8 to pay, which the 1.5 M-parameter trained model cannot show on a CPU.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
 
 MINILM_SIZE = {"d_model": 384, "n_layers": 6, "n_heads": 12, "d_ff": 1536}
 BUILD_MARK = "bench-build.json"
+
+
+def code_digest() -> str:
+    """sha256 over the model and export sources: what the built artifacts depend on besides the config."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([root / "model" / "transformer.py", *(root / "export").glob("*.py")]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def build(source_dir: Path, out_dir: Path, seed: int = 0) -> dict[str, object]:
@@ -27,7 +37,8 @@ def build(source_dir: Path, out_dir: Path, seed: int = 0) -> dict[str, object]:
 
     source = json.loads((source_dir / MANIFEST_FILE).read_text())["config"]
     config = EncoderConfig(**{**source, **MINILM_SIZE, "dropout": 0.0})
-    wanted = {"config": config.to_dict(), "seed": seed}
+    # Rebuilt when the configuration or the code that builds it changes (a new quantization, say).
+    wanted = {"config": config.to_dict(), "seed": seed, "code": code_digest()}
     mark = out_dir / BUILD_MARK
     if mark.is_file() and json.loads(mark.read_text()) == wanted and (out_dir / MANIFEST_FILE).is_file():
         return dict(json.loads((out_dir / MANIFEST_FILE).read_text()))

@@ -64,10 +64,7 @@ async def run(
             request = embedding_pb2.EmbedRequest(inputs=rng.sample(texts, per_request), truncate=True)
             start = time.perf_counter()
             try:
-                if per_request:
-                    await stub.Embed(request, timeout=30)
-                else:  # the transport's floor: an RPC that does no model work
-                    await stub.Info(embedding_pb2.InfoRequest(), timeout=30)
+                await stub.Embed(request, timeout=30)
                 if measuring:
                     latencies.append(time.perf_counter() - start)
             except grpc.aio.AioRpcError:
@@ -111,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument("--texts", required=True, help="JSON list of texts")
-    parser.add_argument("--texts-per-request", type=int, default=1, help="0: call Info instead (no model work)")
+    parser.add_argument("--texts-per-request", type=int, default=1)
     parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
     args = parser.parse_args(argv)
     with open(args.texts) as f:

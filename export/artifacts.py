@@ -75,3 +75,19 @@ def export_all(
     }
     (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest, report
+
+
+def require_gates(manifest: dict[str, object], report: ParityReport) -> None:
+    """Prints the parity table and the int8/fp16 figures; exits non-zero when a bar is missed."""
+    print(report.table())
+    precision = manifest["precision"]
+    assert isinstance(precision, dict)
+    for name in ("int8 vs fp32", "fp16 vs fp32"):
+        if name in precision:
+            p = precision[name]
+            print(f"{name} (CPU): mean cosine {p['mean_cosine']:.5f}, worst row {p['worst_row_cosine']:.5f}")
+    print(f"int8 build kept: {precision['int8_build']['chosen']}")
+    if not report.passes():
+        raise SystemExit("parity check failed: see the table above")
+    if not precision["int8 vs fp32"]["passes"]:
+        raise SystemExit("int8 model is below the 0.99 mean cosine bar against fp32")

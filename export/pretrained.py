@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from export.artifacts import TOKENIZER_FILE, export_all
+from export.artifacts import TOKENIZER_FILE, export_all, require_gates
 from model.pretrained import from_pretrained
 from model.train import CHECKPOINT
 
@@ -45,13 +45,7 @@ def export_pretrained(source: Path, out: Path, model_id: str | None = None) -> d
     torch.save({**checkpoint, "summary": summary}, out / CHECKPOINT)
     pretrained.tokenizer.save(str(out / TOKENIZER_FILE))
     manifest, report = export_all(out, model_id=model_id, source=f"pretrained checkpoint {source}")
-    print(report.table())
-    if not report.passes():
-        raise SystemExit("parity check failed: see the table above")
-    int8 = manifest["precision"]["int8 vs fp32"]  # type: ignore[index]
-    print(f"int8 vs fp32: mean cosine {int8['mean_cosine']:.5f}, worst row {int8['worst_row_cosine']:.5f}")
-    if not int8["passes"]:
-        raise SystemExit("int8 model is below the 0.99 mean cosine bar against fp32")
+    require_gates(manifest, report)
     return manifest
 
 

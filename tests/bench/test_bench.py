@@ -52,34 +52,23 @@ def test_planned_batches_cover_every_row_once_within_the_policy() -> None:
         assert len(b) * longest - sum(len(r) for r in b) <= 0.15 * len(b) * longest
 
 
-def test_load_generator_reports_throughput_and_latency(served: ServerThread, tmp_path: Path) -> None:
-    texts = tmp_path / "texts.json"
-    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+def run_loadgen(target: str, texts: Path, *flags: str) -> dict[str, float]:
+    """bench/loadgen.py as make bench runs it, on a short window."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            "--target",
-            served.target,
-            "--concurrency",
-            "4",
-            "--duration",
-            "1",
-            "--warmup",
-            "0.3",
-            "--texts",
-            str(texts),
-            "--texts-per-request",
-            "2",
-        ],
+        [sys.executable, "-m", "bench.loadgen", "--target", target, "--texts", str(texts), "--warmup", "0.2", *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     )
-    result = json.loads(done.stdout)
+    return dict(json.loads(done.stdout))
+
+
+def test_load_generator_reports_throughput_and_latency(served: ServerThread, tmp_path: Path) -> None:
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    result = run_loadgen(served.target, texts, "--concurrency", "4", "--duration", "1", "--texts-per-request", "2")
     assert result["errors"] == 0 and result["requests"] > 10
     assert result["texts_per_second"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
 
@@ -98,22 +87,14 @@ def test_transport_ceiling_server_answers_each_input_with_a_fixed_vector(tmp_pat
         # The load generator watches the server's threads: CPU per request is reported for the budget table.
         texts = tmp_path / "texts.json"
         texts.write_text(json.dumps(["one text", "another"]))
-        flags = ["--concurrency", "2", "--duration", "0.5", "--warmup", "0.2", "--texts", str(texts)]
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.loadgen", "--target", target.address, *flags, "--watch-pid", str(target.pid)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
-    result = json.loads(done.stdout)
+        flags = ["--concurrency", "2", "--duration", "0.5", "--watch-pid", str(target.pid)]
+        result = run_loadgen(target.address, texts, *flags)
     assert result["requests"] > 0 and result["errors"] == 0
     assert result["server_main_thread_cpu_us"] > 0 and result["loadgen_cpu_us"] > 0
 
 
 def test_serial_limit_adds_the_two_costs_per_text() -> None:
-    from bench.report import serial_limit
+    from bench.measure import serial_limit
 
     # 1/4000 s of model time plus 1/2000 s of transport time per text: 1333 texts/s when paid in turn.
     assert round(serial_limit(4000, 2000)) == 1333

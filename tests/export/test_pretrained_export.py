@@ -36,13 +36,17 @@ def test_writes_the_artifact_contract_with_parity(exported: Path) -> None:
     assert (exported / "model_repository" / "tiny-bert" / "config.pbtxt").is_file()
 
 
-def test_onnx_model_equals_the_reference_bert(exported: Path, tiny_bert: Path) -> None:
+def padded_batch(tokenizer_json: Path) -> tuple[np.ndarray, np.ndarray]:
+    """SENTENCES in one padded batch, with the exported tokenizer (it pads with the model's pad id)."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(exported / "tokenizer.json"))
-    encodings = tokenizer.encode_batch(SENTENCES)
+    encodings = Tokenizer.from_file(str(tokenizer_json)).encode_batch(SENTENCES)
     ids = np.array([e.ids for e in encodings], dtype=np.int64)
-    mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+    return ids, np.array([e.attention_mask for e in encodings], dtype=np.int64)
+
+
+def test_onnx_model_equals_the_reference_bert(exported: Path, tiny_bert: Path) -> None:
+    ids, mask = padded_batch(exported / "tokenizer.json")
     session = ort.InferenceSession(str(exported / "model.onnx"), providers=["CPUExecutionProvider"])
     (ours,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
     theirs = reference_embeddings(tiny_bert, torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
@@ -57,14 +61,8 @@ def test_the_server_serves_it_unchanged(exported: Path, tiny_bert: Path) -> None
     finally:
         server.stop()
     got = np.array([e.values for e in response.embeddings], dtype=np.float32)
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tiny_bert / "tokenizer.json"))
-    tokenizer.enable_padding(pad_id=0)
-    encodings = tokenizer.encode_batch(SENTENCES)
-    ids = torch.tensor([e.ids for e in encodings])
-    mask = torch.tensor([e.attention_mask for e in encodings])
-    theirs = reference_embeddings(tiny_bert, ids, mask).numpy()
+    ids, mask = padded_batch(exported / "tokenizer.json")
+    theirs = reference_embeddings(tiny_bert, torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     theirs /= np.linalg.norm(theirs, axis=1, keepdims=True)
     assert got.shape == theirs.shape
     assert float(np.abs(got - theirs).max()) <= 1e-4
