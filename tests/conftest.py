@@ -182,3 +182,13 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_bert import write_tiny_bert
 
     return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_artifacts(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny BERT through `export.pretrained`: every serving artifact, named test/tiny-bert."""
+    from export.pretrained import export_pretrained
+
+    out = tmp_path_factory.mktemp("tiny-bert-artifacts")
+    export_pretrained(tiny_bert, out, model_id="test/tiny-bert")
+    return out

@@ -23,7 +23,8 @@ def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
     words = sorted({w for s in SENTENCES for w in s.split()})
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     pieces = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
-    vocab = {token: i for i, token in enumerate(specials + words + list("abcdefghijklmnopqrstuvwxyz") + pieces)}
+    tokens = dict.fromkeys(specials + words + list("abcdefghijklmnopqrstuvwxyz") + pieces)  # "a" is a word too
+    vocab = {token: i for i, token in enumerate(tokens)}
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

@@ -11,17 +11,14 @@ import pytest
 import torch
 
 from embedding.v1 import embedding_pb2
-from export.pretrained import export_pretrained
 from tests.conftest import ServerThread, request, server_config
 from tests.model.test_pretrained import reference_embeddings
 from tests.tiny_bert import MAX_SEQ_LENGTH, SENTENCES
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-bert-artifacts")
-    export_pretrained(tiny_bert, out, model_id="test/tiny-bert")
-    return out
+def exported(tiny_bert_artifacts: Path) -> Path:
+    return tiny_bert_artifacts
 
 
 def test_writes_the_artifact_contract_with_parity(exported: Path) -> None:
