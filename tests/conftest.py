@@ -20,20 +20,20 @@ from server.config import ServerConfig
 TINY_MODEL = dict(vocab_size=1000, max_len=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, dropout=0.1)
 
 
-@pytest.fixture(scope="session")
-def tiny_training(tmp_path_factory: pytest.TempPathFactory):
-    from model.train import TrainConfig, save_checkpoint, train
+def tiny_train_config(**overrides: object):  # type: ignore[no-untyped-def]
+    """A training run of seconds: a slice of WordNet, the tiny model, a few steps."""
+    from model.train import TrainConfig
     from model.transformer import EncoderConfig
 
-    config = replace(
-        TrainConfig(progress=False),
-        steps=12,
-        batch_size=32,
-        vocab_size=1000,
-        max_synsets=3000,
-        held_out_fraction=0.05,
-        model=EncoderConfig(**TINY_MODEL),
-    )
+    base = dict(steps=3, batch_size=16, vocab_size=300, max_synsets=600, held_out_fraction=0.1)
+    return replace(TrainConfig(progress=False), model=EncoderConfig(**TINY_MODEL), **{**base, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_training(tmp_path_factory: pytest.TempPathFactory):
+    from model.train import save_checkpoint, train
+
+    config = tiny_train_config(steps=12, batch_size=32, vocab_size=1000, max_synsets=3000, held_out_fraction=0.05)
     result = train(config)
     out = tmp_path_factory.mktemp("tiny")
     save_checkpoint(result, out)

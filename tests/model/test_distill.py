@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -8,8 +7,7 @@ import torch
 
 from model.distill import flops_per_token, similarity_matching_loss
 from model.train import TrainConfig, resolve_teacher, train
-from model.transformer import EncoderConfig
-from tests.conftest import TINY_MODEL
+from tests.conftest import tiny_train_config
 
 
 def test_similarity_matching_ignores_width_and_sees_structure() -> None:
@@ -27,19 +25,7 @@ def test_flops_per_token_of_minilm() -> None:
 
 
 def tiny_config(out_dir: Path, teacher_dir: str = "") -> TrainConfig:
-    return replace(
-        TrainConfig(progress=False),
-        steps=3,
-        batch_size=16,
-        vocab_size=300,
-        max_synsets=600,
-        held_out_fraction=0.1,
-        model=EncoderConfig(**TINY_MODEL),
-        out_dir=str(out_dir),
-        teacher_dir=teacher_dir,
-        outside_sentences=200,
-        outside_pairs=500,
-    )
+    return tiny_train_config(out_dir=str(out_dir), teacher_dir=teacher_dir, outside_sentences=200, outside_pairs=500)
 
 
 def test_distillation_caches_the_teacher_and_changes_the_objective(tiny_bert_artifacts: Path, tmp_path: Path) -> None:

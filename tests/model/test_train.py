@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 
 from model.train import TrainConfig, info_nce, lr_at, pad_batch, retrieval_scores, train
-from model.transformer import EncoderConfig
-from tests.conftest import TINY_MODEL
+from tests.conftest import tiny_train_config
 
 
 def test_pad_batch_pads_right_and_masks() -> None:
@@ -44,15 +41,7 @@ def test_learning_rate_warms_up_then_decays_to_zero() -> None:
 
 
 def test_training_is_reproducible_with_a_seed() -> None:
-    config = replace(
-        TrainConfig(progress=False),
-        steps=3,
-        batch_size=16,
-        vocab_size=300,
-        max_synsets=600,
-        held_out_fraction=0.1,
-        model=EncoderConfig(**TINY_MODEL),
-    )
+    config = tiny_train_config()
     first, second = train(config), train(config)
     assert first.losses == second.losses
     assert first.evaluation == second.evaluation
