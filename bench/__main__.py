@@ -161,8 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = RuntimeOptions(provider=args.provider, spinning=True)
     runtime = OnnxRuntime(args.model_dir, options, pad_id=manifest["pad_id"])
     defaults = ServerConfig()
-    policy = BatchPolicy(  # the server's defaults on this provider
-        defaults.batch_tokens_for(runtime.provider),
+    policy = BatchPolicy(  # the server's defaults
+        defaults.max_batch_tokens,
         defaults.max_batch_size,
         defaults.max_queue_tokens,
         max_padding_ratio=defaults.max_padding_ratio,

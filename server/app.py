@@ -42,7 +42,6 @@ class LoadedModel:
     runtime: OnnxRuntime
     tokenizer: TextTokenizer
     info: ModelInfo
-    max_batch_tokens: int  # the configured budget, or the provider's default for 0
 
 
 def load_model(config: ServerConfig) -> LoadedModel:
@@ -57,8 +56,7 @@ def load_model(config: ServerConfig) -> LoadedModel:
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
     )
     runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
-    max_batch_tokens = config.batch_tokens_for(runtime.provider)
-    runtime.warm_up(tokenizer.max_length, max_batch_tokens, config.max_batch_size)
+    runtime.warm_up(tokenizer.max_length, config.max_batch_tokens, config.max_batch_size)
     info = ModelInfo(
         model_id=str(manifest["model_id"]),
         model_version=str(manifest["model_version"]),
@@ -68,7 +66,7 @@ def load_model(config: ServerConfig) -> LoadedModel:
         precision=runtime.precision,
         version=VERSION,
     )
-    return LoadedModel(runtime, tokenizer, info, max_batch_tokens)
+    return LoadedModel(runtime, tokenizer, info)
 
 
 class EmbeddingServer:
@@ -97,7 +95,7 @@ class EmbeddingServer:
                 ("grpc.max_send_message_length", config.max_message_bytes),
             ],
         )
-        self.batching = embedding_pb2.InfoResponse(  # max_batch_tokens is set once the provider is known
+        batching = embedding_pb2.InfoResponse(
             max_batch_tokens=config.max_batch_tokens,
             max_batch_size=config.max_batch_size,
             max_client_batch_size=config.max_client_batch_size,
@@ -105,7 +103,7 @@ class EmbeddingServer:
             max_delay_seconds=config.max_delay_seconds,
         )
         self.service = EmbedderService(
-            self.state, self.metrics, self.batching, config.max_streams, config.max_concurrent_rpcs
+            self.state, self.metrics, batching, config.max_streams, config.max_concurrent_rpcs
         )
         add_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
@@ -169,9 +167,8 @@ class EmbeddingServer:
     async def load(self) -> None:
         """Load and warm up the model off the event loop (health checks answer meanwhile), then serve."""
         loaded = await asyncio.to_thread(load_model, self.config)
-        self.batching.max_batch_tokens = loaded.max_batch_tokens
         policy = BatchPolicy(
-            max_batch_tokens=loaded.max_batch_tokens,
+            max_batch_tokens=self.config.max_batch_tokens,
             max_batch_size=self.config.max_batch_size,
             max_queue_tokens=self.config.max_queue_tokens,
             max_delay=self.config.max_delay_seconds,

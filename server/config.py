@@ -12,11 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-# A CPU runs batches fastest while their activations stay in cache: raw ONNX Runtime throughput on the
-# length-sorted batches of the benchmark traffic was 1.3-1.9x higher at 2048 than at 16384 tokens, for the
-# 1.5 M model and a MiniLM-sized one alike (docs/benchmarks.md). A GPU wants large batches to fill it.
-BATCH_TOKENS_BY_PROVIDER = {"CPUExecutionProvider": 2048, "CUDAExecutionProvider": 16384}
-
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -27,8 +22,7 @@ class ServerConfig:
     model_dir: str = "artifacts"  # folder with model.onnx, tokenizer.json and manifest.json
     provider: str = "auto"  # auto (CUDA when it really loads, else CPU) | cpu | cuda
     precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
-    # Padded tokens per batch (items x longest item); 0 = by execution provider (BATCH_TOKENS_BY_PROVIDER).
-    max_batch_tokens: int = 0
+    max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item
     max_batch_size: int = 128  # items per batch
     max_padding_ratio: float = 0.15  # most of a batch that may be padding; longer/shorter items wait
     max_delay_ms: float = 0.0  # how long a batch may wait to fill while the backend is idle
@@ -59,22 +53,15 @@ class ServerConfig:
     reuse_port: bool = False  # let several processes bind the port; set for workers by --workers
     log_level: str = "INFO"
 
-    def batch_tokens_for(self, provider: str) -> int:
-        """The token budget per batch on the execution provider that really loaded."""
-        cpu_default = BATCH_TOKENS_BY_PROVIDER["CPUExecutionProvider"]
-        return self.max_batch_tokens or BATCH_TOKENS_BY_PROVIDER.get(provider, cpu_default)
-
     def __post_init__(self) -> None:
         problems = []
         if self.provider not in ("auto", "cpu", "cuda"):
             problems.append(f"provider must be auto, cpu or cuda, not {self.provider!r}")
         if self.precision not in ("fp32", "int8", "fp16"):
             problems.append(f"precision must be fp32, int8 or fp16, not {self.precision!r}")
-        for name in ("max_batch_size", "max_queue_tokens", "max_client_batch_size"):
+        for name in ("max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_client_batch_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
-        if self.max_batch_tokens < 0:
-            problems.append("max_batch_tokens must be at least 1, or 0 to choose by execution provider")
         if not 0.0 <= self.max_padding_ratio <= 1.0:
             problems.append("max_padding_ratio must be between 0 and 1")
         if self.max_delay_ms < 0 or self.grace_seconds < 0 or self.drain_delay_seconds < 0:

@@ -77,12 +77,3 @@ def test_intra_op_spinning_reaches_the_onnx_runtime_session(tiny_artifacts: Path
         options = load_model(config).runtime.session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == expected
     assert ServerConfig().intra_op_spinning is False  # the default: leave the cores to the event loop
-
-
-def test_the_batch_token_budget_follows_the_provider_unless_set() -> None:
-    config = parse_config([], environ={})
-    assert config.batch_tokens_for("CPUExecutionProvider") == 2048
-    assert config.batch_tokens_for("CUDAExecutionProvider") == 16384
-    assert parse_config(["--max-batch-tokens", "999"], environ={}).batch_tokens_for("CUDAExecutionProvider") == 999
-    with pytest.raises(ValueError, match="max_batch_tokens must be at least 1, or 0"):
-        ServerConfig(max_batch_tokens=-1)

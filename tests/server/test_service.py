@@ -157,7 +157,6 @@ def test_info_reports_model_limits_and_provider(served: ServerThread) -> None:
     assert info["dim"] == 32 and info["max_input_length"] == 32
     assert info["execution_provider"] == "CPUExecutionProvider"
     assert info["max_client_batch_size"] == 32 and info["precision"] == "fp32"
-    assert info["max_batch_tokens"] == 2048  # the CPU default, resolved once the provider loaded
     assert len(str(info["model_version"])) == 12
 
 
