@@ -9,6 +9,10 @@ export WORDNET_DIR
 STAMP := $(VENV)/.installed
 PROTO := protos/embedding/v1/embedding.proto
 PROTO_OUT := embedding/v1/embedding_pb2.py
+# The Open Inference Protocol as a descriptor set: the server builds its messages in a private pool
+# (server/open_inference.py), so they never clash with tritonclient's copy of package `inference`.
+INFERENCE_PROTO := protos/inference/v2/open_inference_grpc.proto
+INFERENCE_OUT := server/_proto/open_inference_grpc.binpb
 
 .PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained
 
@@ -25,10 +29,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[train,dev]'
 	@touch $@
 
-protos: $(PROTO_OUT)
+protos: $(PROTO_OUT) $(INFERENCE_OUT)
 $(PROTO_OUT): $(PROTO) $(STAMP)
 	$(PY) -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
 	@touch embedding/__init__.py embedding/v1/__init__.py
+$(INFERENCE_OUT): $(INFERENCE_PROTO) $(STAMP)
+	@mkdir -p $(@D)
+	$(PY) -m grpc_tools.protoc -I protos --descriptor_set_out=$@ $(INFERENCE_PROTO)
 
 $(ARTIFACTS)/checkpoint.pt:
 	$(MAKE) train

@@ -1,20 +1,19 @@
 """Server assembly and life cycle: gRPC server, health, reflection, metrics, model loading, drain.
 
 ``create_server(config)`` starts everything and returns ``(server, port)``; ``main()`` adds signal
-handling. Health is NOT_SERVING until the model is loaded and warmed up, and again while draining.
+handling. Health is NOT_SERVING until every model is loaded and warmed up, and again while draining.
+Health names: "" (the server), each service, and ``model/<name>`` per model; the server and service
+entries are NOT_SERVING while any model's backend fails, the model entry only for that model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -25,60 +24,28 @@ from server.auth import BearerTokenInterceptor, server_credentials
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
 from server.metrics import Metrics
+from server.models import VERSION, LoadedModel, ServedModel, ServingState, load_model
+from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
+from server.open_inference import OpenInferenceService
+from server.open_inference import add_to_server as add_inference_to_server
 from server.pipeline import Limits, Pipeline
-from server.runtime import OnnxRuntime, RuntimeOptions
-from server.service import SERVICE_NAME, EmbedderService, ModelInfo, ServingState, add_to_server, status_for
-from server.tokenize import TextTokenizer
+from server.service import SERVICE_NAME, EmbedderService, add_to_server, status_for
 
 log = logging.getLogger("server")
-VERSION = "0.1.0"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 PROBE_TEXT = "backend probe"
 
 
-@dataclass
-class LoadedModel:
-    runtime: OnnxRuntime
-    tokenizer: TextTokenizer
-    info: ModelInfo
-
-
-def load_model(config: ServerConfig) -> LoadedModel:
-    """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
-    model_dir = Path(config.model_dir)
-    manifest_path = model_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise FileNotFoundError(f"{manifest_path} not found: run `make export` or point --model-dir at the artifacts")
-    manifest = json.loads(manifest_path.read_text())
-    tokenizer = TextTokenizer(model_dir / "tokenizer.json")
-    options = RuntimeOptions(
-        config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
-    )
-    runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
-    runtime.warm_up(tokenizer.max_length, config.max_batch_tokens, config.max_batch_size)
-    info = ModelInfo(
-        model_id=str(manifest["model_id"]),
-        model_version=str(manifest["model_version"]),
-        dim=runtime.dim,
-        max_input_length=tokenizer.max_length,
-        execution_provider=runtime.provider,
-        precision=runtime.precision,
-        version=VERSION,
-    )
-    return LoadedModel(runtime, tokenizer, info)
-
-
 class EmbeddingServer:
-    """One serving process: owns the gRPC server, the batcher and the metrics endpoint."""
+    """One serving process: owns the gRPC server, a batcher per model and the metrics endpoint."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
         self.state = ServingState()
         self.health = health.aio.HealthServicer()
-        self.batcher: Batcher | None = None
-        self.loaded: LoadedModel | None = None
+        self._unhealthy: set[str] = set()  # models whose backend fails every batch now
         self.port = 0
         self.metrics_port = 0
         self._metrics_http: object | None = None
@@ -86,7 +53,8 @@ class EmbeddingServer:
         interceptors = []
         token = config.bearer_token()  # ValueError for an empty token file: never serve open by accident
         if token:
-            interceptors.append(BearerTokenInterceptor(token, f"/{SERVICE_NAME}/", status_for, self._unauthenticated))
+            protected = (f"/{SERVICE_NAME}/", f"/{INFERENCE_SERVICE_NAME}/")
+            interceptors.append(BearerTokenInterceptor(token, protected, status_for, self._unauthenticated))
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -106,7 +74,11 @@ class EmbeddingServer:
             self.state, self.metrics, batching, config.max_streams, config.max_concurrent_rpcs
         )
         add_to_server(self.service, self.grpc_server)
+        self.inference = OpenInferenceService(self.state, self.metrics, config.max_concurrent_rpcs, VERSION)
+        add_inference_to_server(self.inference, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        # The Open Inference Protocol is left out: its messages live in a private pool (open_inference.py),
+        # and its clients (tritonclient, perf_analyzer) bring the published proto.
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
         )
@@ -121,19 +93,42 @@ class EmbeddingServer:
     def _unauthenticated(self, method: str) -> None:
         """A call the bearer-token check refused: counted like any other answer the client got."""
         self.metrics.rejected("unauthenticated")
-        self.metrics.requests.labels(method, grpc.StatusCode.UNAUTHENTICATED.name).inc()
+        self.metrics.requests.labels(method, grpc.StatusCode.UNAUTHENTICATED.name, "").inc()
+
+    @property
+    def default(self) -> ServedModel:
+        """The default model (the first); only once the server is loaded."""
+        model = self.state.find("")
+        if model is None:
+            raise RuntimeError("no model loaded yet")
+        return model
+
+    @property
+    def batcher(self) -> Batcher:
+        return self.default.batcher
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        for name in ("", SERVICE_NAME):
+        for name in ("", SERVICE_NAME, INFERENCE_SERVICE_NAME):
             await self.health.set(name, status)
+        for name in self.state.models:
+            await self.health.set(f"model/{name}", status)
 
-    def _backend_health(self, healthy: bool) -> None:
-        """Called by the batcher when the backend starts or stops failing every batch."""
+    def _backend_health(self, model: str, healthy: bool) -> None:
+        """Called by a model's batcher when its backend starts or stops failing every batch."""
         if healthy:
-            log.info("backend recovered: SERVING")
+            log.info("backend of %s recovered: SERVING", model)
+            self._unhealthy.discard(model)
         else:
-            log.error("backend failing every batch: NOT_SERVING until a batch succeeds")
-        task = asyncio.get_running_loop().create_task(self._set_health(SERVING if healthy else NOT_SERVING))
+            log.error("backend of %s failing every batch: NOT_SERVING until a batch succeeds", model)
+            self._unhealthy.add(model)
+
+        async def update() -> None:
+            server_status = SERVING if not self._unhealthy else NOT_SERVING
+            for name in ("", SERVICE_NAME, INFERENCE_SERVICE_NAME):
+                await self.health.set(name, server_status)
+            await self.health.set(f"model/{model}", SERVING if healthy else NOT_SERVING)
+
+        task = asyncio.get_running_loop().create_task(update())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -165,8 +160,29 @@ class EmbeddingServer:
         return self.port
 
     async def load(self) -> None:
-        """Load and warm up the model off the event loop (health checks answer meanwhile), then serve."""
-        loaded = await asyncio.to_thread(load_model, self.config)
+        """Load and warm up every model off the event loop (health checks answer meanwhile), then serve."""
+        served = []
+        for name, folder in self.config.model_dirs():
+            loaded = await asyncio.to_thread(load_model, folder, self.config, name)
+            served.append(self._serve_model(loaded))
+        self.state.serve(served)
+        await self._set_health(SERVING)
+        for model in served:
+            info = model.info
+            log.info(
+                "serving %s (%s %s) on %s, precision %s, dim %d, max length %d",
+                info.name,
+                info.model_id,
+                info.model_version,
+                info.execution_provider,
+                info.precision,
+                info.dim,
+                info.max_input_length,
+            )
+
+    def _serve_model(self, loaded: LoadedModel) -> ServedModel:
+        """A loaded model's batcher, pipeline and metrics; its batcher starts at once."""
+        info = loaded.info
         policy = BatchPolicy(
             max_batch_tokens=self.config.max_batch_tokens,
             max_batch_size=self.config.max_batch_size,
@@ -174,44 +190,32 @@ class EmbeddingServer:
             max_delay=self.config.max_delay_seconds,
             max_padding_ratio=self.config.max_padding_ratio,
         )
-        self.batcher = Batcher(
+        metrics = self.metrics.for_model(info.name)
+        batcher = Batcher(
             loaded.runtime.run_rows,
             policy,
-            observer=self.metrics,
-            on_backend_health=self._backend_health,
+            observer=metrics,
+            on_backend_health=lambda healthy: self._backend_health(info.name, healthy),
             probe_rows=loaded.tokenizer.encode([PROBE_TEXT], truncate=True).rows,
             probe_interval=self.config.backend_probe_seconds,
         )
-        self.metrics.queue_capacity_tokens.set(policy.max_queue_tokens)
-        self.batcher.start()
+        metrics.queue_capacity_tokens.set(policy.max_queue_tokens)
+        batcher.start()
         limits = Limits(
             self.config.max_client_batch_size, self.config.max_input_chars, self.config.max_tokenizing_chars
         )
-        self.loaded = loaded
-        self.metrics.model_info.info(
+        self.metrics.model_info.labels(info.name).info(
             {
-                "model_id": loaded.info.model_id,
-                "model_version": loaded.info.model_version,
-                "dim": str(loaded.info.dim),
-                "max_length": str(loaded.info.max_input_length),
-                "provider": loaded.info.execution_provider,
-                "precision": loaded.info.precision,
+                "model_id": info.model_id,
+                "model_version": info.model_version,
+                "dim": str(info.dim),
+                "max_length": str(info.max_input_length),
+                "provider": info.execution_provider,
+                "precision": info.precision,
             }
         )
-        self.state.info = loaded.info
-        self.state.pipeline = Pipeline(
-            loaded.tokenizer, self.batcher, limits, self.metrics, self.config.tokenizer_threads
-        )
-        await self._set_health(SERVING)
-        log.info(
-            "serving %s (%s) on %s, precision %s, dim %d, max length %d",
-            loaded.info.model_id,
-            loaded.info.model_version,
-            loaded.info.execution_provider,
-            loaded.info.precision,
-            loaded.info.dim,
-            loaded.info.max_input_length,
-        )
+        pipeline = Pipeline(loaded.tokenizer, batcher, limits, metrics, self.config.tokenizer_threads)
+        return ServedModel(info, loaded.tokenizer, batcher, pipeline, metrics)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain without refusing anything that reached this server.
@@ -236,15 +240,21 @@ class EmbeddingServer:
         await stopping
         if self.health_server is not None:
             await self.health_server.stop(0)
-        if self.batcher is not None:
-            await self.batcher.drain(timeout=1.0)
-            await self.batcher.close()
-        if self.state.pipeline is not None:
-            self.state.pipeline.close()
+        for model in self.state.models.values():
+            await model.batcher.drain(timeout=1.0)
+            await model.batcher.close()
+            model.pipeline.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
-        answered = int(self.metrics.requests.labels("Embed", "OK")._value.get())
-        log.info("stopped: %d Embed requests answered OK, %d RPCs cut off by the grace period", answered, cut_off)
+        answered = sum(
+            s.value
+            for family in self.metrics.requests.collect()
+            for s in family.samples
+            if s.name.endswith("_total") and s.labels["code"] == "OK" and s.labels["method"] in ("Embed", "ModelInfer")
+        )
+        log.info(
+            "stopped: %d Embed/ModelInfer requests answered OK, %d RPCs cut off by the grace period", answered, cut_off
+        )
 
 
 async def create_server(config: ServerConfig, load: bool = True) -> tuple[EmbeddingServer, int]:

@@ -1,8 +1,8 @@
 """Optional transport security: TLS / mutual TLS credentials and a bearer-token check.
 
-Both are off by default. The token check guards the Embedder service only; health and reflection
-stay open so that probes and tools work without the secret. A refused call never reaches the
-servicer, so it costs no tokenization and no inference.
+Both are off by default. The token check guards the Embedder and Open Inference Protocol services;
+health and reflection stay open so that probes and tools work without the secret. A refused call
+never reaches the servicer, so it costs no tokenization and no inference.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(
         self,
         token: str,
-        protected_prefix: str,
+        protected_prefixes: tuple[str, ...],  # method paths that need the token, e.g. "/embedding.v1.Embedder/"
         status_for: Callable[[Unauthenticated], grpc.StatusCode],
         on_reject: Callable[[str], None],  # called with the refused method's name, e.g. "Embed"
     ) -> None:
         self._expected = f"Bearer {token}".encode()
-        self._prefix = protected_prefix
+        self._prefixes = protected_prefixes
         self._status_for = status_for
         self._on_reject = on_reject
 
@@ -51,7 +51,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if not handler_call_details.method.startswith(self._prefix) or self._authorized(
+        if not handler_call_details.method.startswith(self._prefixes) or self._authorized(
             handler_call_details.invocation_metadata
         ):
             return handler

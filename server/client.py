@@ -31,10 +31,14 @@ class EmbedResult:
     token_counts: list[int]
     truncated_inputs: list[int]
     timings: dict[str, float]
+    model: str  # the served model that computed them
 
 
-def make_request(texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> embedding_pb2.EmbedRequest:
-    return embedding_pb2.EmbedRequest(inputs=list(texts), truncate=truncate, normalize=normalize)
+def make_request(
+    texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = ""
+) -> embedding_pb2.EmbedRequest:
+    """model "" asks for the server's default model."""
+    return embedding_pb2.EmbedRequest(inputs=list(texts), truncate=truncate, normalize=normalize, model=model)
 
 
 def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
@@ -49,11 +53,14 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
             "inference_seconds": t.inference_seconds,
             "total_seconds": t.total_seconds,
         },
+        model=response.model,
     )
 
 
 def info_dict(response: embedding_pb2.InfoResponse) -> dict[str, object]:
-    return {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
+    fields: dict[str, object] = {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
+    fields["models"] = [{f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields} for m in response.models]
+    return fields
 
 
 @dataclass(frozen=True)
@@ -97,12 +104,15 @@ class EmbeddingClient:
         self.timeout = timeout
         self.metadata = security.metadata()
 
-    def embed(self, texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> EmbedResult:
-        request = make_request(texts, truncate, normalize)
+    def embed(
+        self, texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = ""
+    ) -> EmbedResult:
+        request = make_request(texts, truncate, normalize, model)
         return from_response(self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
 
-    def info(self) -> dict[str, object]:
-        return info_dict(self.stub.Info(embedding_pb2.InfoRequest(), timeout=self.timeout, metadata=self.metadata))
+    def info(self, model: str = "") -> dict[str, object]:
+        request = embedding_pb2.InfoRequest(model=model)
+        return info_dict(self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
 
     def health(self, service: str = "") -> str:
         response = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
@@ -130,12 +140,14 @@ class AsyncEmbeddingClient:
         self.timeout = timeout
         self.metadata = security.metadata()
 
-    async def embed(self, texts: Sequence[str], truncate: bool = False, normalize: bool = True) -> EmbedResult:
-        request = make_request(texts, truncate, normalize)
+    async def embed(
+        self, texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = ""
+    ) -> EmbedResult:
+        request = make_request(texts, truncate, normalize, model)
         return from_response(await self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
 
-    async def info(self) -> dict[str, object]:
-        request = embedding_pb2.InfoRequest()
+    async def info(self, model: str = "") -> dict[str, object]:
+        request = embedding_pb2.InfoRequest(model=model)
         return info_dict(await self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
 
     async def health(self, service: str = "") -> str:
@@ -159,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tls-ca", default="", help="PEM CA of the server's certificate (turns TLS on)")
     parser.add_argument("--tls-cert", default="", help="client certificate for mutual TLS")
     parser.add_argument("--tls-key", default="", help="client key for mutual TLS")
+    parser.add_argument("--model", default="", help="the served model to use (default: the server's default)")
     commands = parser.add_subparsers(dest="command", required=True)
     embed = commands.add_parser("embed", help="embed texts and print JSON")
     embed.add_argument("texts", nargs="+")
@@ -173,9 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         security = Security(args.tls_ca, args.tls_cert, args.tls_key, token)
         with EmbeddingClient(args.target, args.timeout, security) as client:
             if args.command == "embed":
-                out: object = asdict(client.embed(args.texts, args.truncate, not args.no_normalize))
+                out: object = asdict(client.embed(args.texts, args.truncate, not args.no_normalize, args.model))
             elif args.command == "info":
-                out = client.info()
+                out = client.info(args.model)
             else:
                 out = {"status": client.health(args.service)}
     except grpc.RpcError as e:

@@ -1,16 +1,21 @@
 """Server configuration: one frozen dataclass, from CLI flags with EMBED_* environment defaults.
 
 Every field ``some_name`` has the flag ``--some-name`` and the variable ``EMBED_SOME_NAME``; a flag
-beats a variable, a variable beats the default.
+beats a variable, a variable beats the default. ``--model NAME=DIR`` is repeatable; its variable
+``EMBED_MODEL`` holds the same pairs separated by commas.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+# A model name travels in requests and Prometheus labels and names a Triton-style model: keep it plain.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,9 @@ class ServerConfig:
     metrics_host: str = "0.0.0.0"  # bind address of the Prometheus /metrics endpoint
     metrics_port: int = 9464  # 0 picks a free one; -1 turns the endpoint off
     model_dir: str = "artifacts"  # folder with model.onnx, tokenizer.json and manifest.json
+    # NAME=DIR pairs, one per served model, the first the default; when given, model_dir is not used.
+    # Empty: one model from model_dir, named by its manifest's model_id.
+    model: tuple[str, ...] = ()
     provider: str = "auto"  # auto (CUDA when it really loads, else CPU) | cpu | cuda
     precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
     max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item
@@ -85,8 +93,15 @@ class ServerConfig:
             problems.append("workers must be at least 1")
         if self.max_streams < 1:
             problems.append("max_streams must be at least 1")
+        problems.extend(_model_problems(self.model))
         if problems:
             raise ValueError("; ".join(problems))
+
+    def model_dirs(self) -> list[tuple[str | None, str]]:
+        """(name, folder) per served model, the default first; name None: the manifest's model_id."""
+        if not self.model:
+            return [(None, self.model_dir)]
+        return [(name, folder) for name, _, folder in (pair.partition("=") for pair in self.model)]
 
     def bearer_token(self) -> str:
         """The token callers must present, or "" when auth is off. Raises ValueError for an empty file."""
@@ -101,6 +116,20 @@ class ServerConfig:
     @property
     def max_delay_seconds(self) -> float:
         return self.max_delay_ms / 1000.0
+
+
+def _model_problems(pairs: tuple[str, ...]) -> list[str]:
+    problems, names = [], set()
+    for pair in pairs:
+        name, sep, folder = pair.partition("=")
+        if not sep or not folder:
+            problems.append(f"--model takes NAME=DIR, not {pair!r}")
+        elif not MODEL_NAME.fullmatch(name):
+            problems.append(f"model name {name!r}: letters, digits, '_', '.', '-', at most 64, starting alnum")
+        elif name in names:
+            problems.append(f"model name {name!r} given twice")
+        names.add(name)
+    return problems
 
 
 def parse_bool(text: str) -> bool:
@@ -121,6 +150,16 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC.")
     given: dict[str, object] = {}  # what the operator set, by variable or flag; the rest keeps its default
     for f in fields(ServerConfig):
+        if isinstance(f.default, tuple):  # repeatable: --model a=x --model b=y, or EMBED_MODEL=a=x,b=y
+            if env_name(f.name) in environ:
+                given[f.name] = tuple(p.strip() for p in environ[env_name(f.name)].split(",") if p.strip())
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                action="append",
+                default=argparse.SUPPRESS,
+                help=f"repeatable (env {env_name(f.name)}, comma-separated)",
+            )
+            continue
         kind: Callable[[str], object] = parse_bool if isinstance(f.default, bool) else type(f.default)
         if env_name(f.name) in environ:
             given[f.name] = kind(environ[env_name(f.name)])
@@ -130,7 +169,10 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             default=argparse.SUPPRESS,
             help=f"(env {env_name(f.name)}; default {f.default})",
         )
-    given.update(vars(parser.parse_args(argv)))
+    flags = vars(parser.parse_args(argv))
+    if "model" in flags:
+        flags["model"] = tuple(flags["model"])
+    given.update(flags)
     if "auth_token" in given and not str(given["auth_token"]).strip():
         # Set but empty (an empty secret): that is a broken deployment, not a request to turn auth off.
         parser.error(f"--auth-token / {env_name('auth_token')} is set but empty: refusing to serve without a token")

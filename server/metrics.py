@@ -1,5 +1,9 @@
 """Prometheus metrics, named per pipeline stage, on their own registry (one per server instance).
 
+Every series about a model carries a ``model`` label (the served name; "" where a request was
+refused before it named a valid one, such as a bad token or an unknown model). ``for_model(name)``
+gives one model's children, bound once: the batcher and pipeline of that model observe through it.
+
 Buckets are bounded and sized for this service: sub-millisecond tokenization up to multi-second
 queueing under overload; batch sizes up to the largest --max-batch-size we expect.
 """
@@ -27,86 +31,143 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
 REJECTION_REASONS = ("overloaded", "invalid", "deadline", "cancelled", "draining", "not_ready", "unauthenticated")
 
 
-class Metrics(BatchObserver):
+class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
         self.requests = Counter(
-            "embed_requests", "RPCs finished, by method and gRPC status code.", ["method", "code"], registry=registry
+            "embed_requests",
+            "RPCs finished, by method, gRPC status code and model.",
+            ["method", "code", "model"],
+            registry=registry,
         )
         self.request_duration = Histogram(
             "embed_request_duration_seconds",
-            "End-to-end RPC latency by method (for EmbedStream: per streamed request).",
-            ["method"],
+            "End-to-end RPC latency by method and model (for EmbedStream: per streamed request).",
+            ["method", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.tokenize_duration = Histogram(
             "embed_tokenize_duration_seconds",
             "Tokenization time per request.",
+            ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.queue_duration = Histogram(
             "embed_queue_duration_seconds",
             "Time an input waited in the queue before its batch started.",
+            ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.inference_duration = Histogram(
-            "embed_inference_duration_seconds", "Inference time per batch.", buckets=LATENCY_BUCKETS, registry=registry
+            "embed_inference_duration_seconds",
+            "Inference time per batch.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.batch_size = Histogram(
-            "embed_batch_size", "Inputs per batch.", buckets=BATCH_SIZE_BUCKETS, registry=registry
+            "embed_batch_size", "Inputs per batch.", ["model"], buckets=BATCH_SIZE_BUCKETS, registry=registry
         )
         self.batch_tokens = Histogram(
             "embed_batch_tokens",
             "Tokens per batch: real (computed for real inputs) and padded (items x longest item).",
-            ["kind"],
+            ["kind", "model"],
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         self.padding_ratio = Histogram(
             "embed_batch_padding_ratio",
             "Share of a batch's padded tokens that are padding.",
+            ["model"],
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
-        self.queue_items = Gauge("embed_queue_items", "Inputs waiting in the queue.", registry=registry)
-        self.queue_tokens = Gauge("embed_queue_tokens", "Real tokens waiting in the queue.", registry=registry)
+        self.queue_items = Gauge("embed_queue_items", "Inputs waiting in the queue.", ["model"], registry=registry)
+        self.queue_tokens = Gauge(
+            "embed_queue_tokens", "Real tokens waiting in the queue.", ["model"], registry=registry
+        )
         self.queue_capacity_tokens = Gauge(
-            "embed_queue_capacity_tokens", "Queued tokens at which admission control refuses.", registry=registry
+            "embed_queue_capacity_tokens",
+            "Queued tokens at which admission control refuses.",
+            ["model"],
+            registry=registry,
         )
-        self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now.", registry=registry)
-        self.inputs = Counter("embed_inputs", "Inputs embedded and returned.", registry=registry)
-        self.tokens = Counter("embed_tokens", "Tokens of inputs embedded and returned.", registry=registry)
-        self.rejections = Counter("embed_rejections", "Requests refused, by reason.", ["reason"], registry=registry)
+        self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now, all models.", registry=registry)
+        self.inputs = Counter("embed_inputs", "Inputs embedded and returned.", ["model"], registry=registry)
+        self.tokens = Counter("embed_tokens", "Tokens of inputs embedded and returned.", ["model"], registry=registry)
+        self.rejections = Counter(
+            "embed_rejections", "Requests refused, by reason and model.", ["reason", "model"], registry=registry
+        )
         self.dropped_items = Counter(
-            "embed_dropped_items", "Queued inputs dropped before inference, by reason.", ["reason"], registry=registry
+            "embed_dropped_items",
+            "Queued inputs dropped before inference, by reason.",
+            ["reason", "model"],
+            registry=registry,
         )
-        self.batch_failures = Counter("embed_batch_failures", "Batches that failed in the backend.", registry=registry)
-        self.batches = Counter("embed_batches", "Batches run by the backend.", registry=registry)
-        self.model_info = Info("embed_model", "The model being served and where it runs.", registry=registry)
+        self.batch_failures = Counter(
+            "embed_batch_failures", "Batches that failed in the backend.", ["model"], registry=registry
+        )
+        self.batches = Counter("embed_batches", "Batches run by the backend.", ["model"], registry=registry)
+        self.model_info = Info("embed_model", "Each served model and where it runs.", ["model"], registry=registry)
+        self._models: dict[str, ModelMetrics] = {}
         for reason in REJECTION_REASONS:  # present from the start, so rate() has a series to work on
-            self.rejections.labels(reason)
-        for reason in ("cancelled", "deadline", "failed"):
-            self.dropped_items.labels(reason)
-        for kind in ("real", "padded"):
-            self.batch_tokens.labels(kind)
+            self.rejections.labels(reason, "")
+
+    def for_model(self, name: str) -> ModelMetrics:
+        """One model's series, created at once (so rate() has them from the start) and bound once."""
+        if name not in self._models:
+            self._models[name] = ModelMetrics(self, name)
+        return self._models[name]
+
+    def rejected(self, reason: str, model: str = "") -> None:
+        self.rejections.labels(reason, model).inc()
+
+    # ---- HTTP endpoint ----------------------------------------------------------------------
+    def serve(self, host: str, port: int) -> tuple[object, int]:
+        """Start /metrics in a daemon thread. Returns the HTTP server and the port it bound."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server, int(server.server_port)
+
+
+class ModelMetrics(BatchObserver):
+    """The series of one model, children bound once: observing costs no label lookup per call."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self.name = name
+        self.tokenize_duration = metrics.tokenize_duration.labels(name)
+        self.queue_duration = metrics.queue_duration.labels(name)
+        self.inference_duration = metrics.inference_duration.labels(name)
+        self.batch_size = metrics.batch_size.labels(name)
+        self.real_tokens = metrics.batch_tokens.labels("real", name)
+        self.padded_tokens = metrics.batch_tokens.labels("padded", name)
+        self.padding_ratio = metrics.padding_ratio.labels(name)
+        self.queue_items = metrics.queue_items.labels(name)
+        self.queue_tokens = metrics.queue_tokens.labels(name)
+        self.queue_capacity_tokens = metrics.queue_capacity_tokens.labels(name)
+        self.inputs = metrics.inputs.labels(name)
+        self.tokens = metrics.tokens.labels(name)
+        self.batch_failures = metrics.batch_failures.labels(name)
+        self.batches = metrics.batches.labels(name)
+        self.rejections = {reason: metrics.rejections.labels(reason, name) for reason in REJECTION_REASONS}
+        self.dropped_items = {r: metrics.dropped_items.labels(r, name) for r in ("cancelled", "deadline", "failed")}
+
+    def rejected(self, reason: str) -> None:
+        self.rejections[reason].inc()
 
     # ---- BatchObserver ----------------------------------------------------------------------
-    def rejected(self, reason: str) -> None:
-        self.rejections.labels(reason).inc()
-
     def dropped(self, reason: str, items: int) -> None:
-        self.dropped_items.labels(reason).inc(items)
+        self.dropped_items[reason].inc(items)
 
     def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None:
         self.batch_size.observe(items)
-        self.batch_tokens.labels("real").observe(real_tokens)
-        self.batch_tokens.labels("padded").observe(padded_tokens)
+        self.real_tokens.observe(real_tokens)
+        self.padded_tokens.observe(padded_tokens)
         self.padding_ratio.observe(1.0 - real_tokens / padded_tokens)
         for wait in queue_waits:
             self.queue_duration.observe(wait)
@@ -120,9 +181,3 @@ class Metrics(BatchObserver):
     def queue_changed(self, items: int, tokens: int) -> None:
         self.queue_items.set(items)
         self.queue_tokens.set(tokens)
-
-    # ---- HTTP endpoint ----------------------------------------------------------------------
-    def serve(self, host: str, port: int) -> tuple[object, int]:
-        """Start /metrics in a daemon thread. Returns the HTTP server and the port it bound."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server, int(server.server_port)

@@ -1,5 +1,8 @@
 """The serving pipeline without transport: validate -> tokenize -> batch -> normalise.
 
+Texts enter through ``embed``; token id rows already made by a client (the Open Inference
+Protocol's token mode) enter through ``embed_rows`` and join the same batches.
+
 server/service.py wraps it in gRPC; tests and the benchmark can drive it directly.
 """
 
@@ -16,7 +19,7 @@ import numpy as np
 
 from server.batcher import Batcher
 from server.errors import InvalidInput, Overloaded
-from server.metrics import Metrics
+from server.metrics import ModelMetrics
 from server.tokenize import Encoded, TextTokenizer
 
 MIN_TOKENS_PER_INPUT = 2  # [CLS] and [SEP]
@@ -75,7 +78,7 @@ class Pipeline:
         tokenizer: TextTokenizer,
         batcher: Batcher,
         limits: Limits,
-        metrics: Metrics,
+        metrics: ModelMetrics,
         tokenizer_threads: int = 2,
     ) -> None:
         self.tokenizer = tokenizer
@@ -88,16 +91,7 @@ class Pipeline:
     async def embed(self, texts: Sequence[str], truncate: bool, normalize: bool, deadline: float | None) -> Embedded:
         """``texts`` may be the request message's own sequence: it is read, never kept whole."""
         prepared = validate(texts, self.limits, self.tokenizer.cut if truncate else str)
-        policy = self.batcher.policy
-        min_tokens = MIN_TOKENS_PER_INPUT * len(texts)
-        if min_tokens > policy.max_queue_tokens:
-            raise InvalidInput(
-                f"{len(texts)} inputs need at least {min_tokens} tokens, more than the server queues at once "
-                f"({policy.max_queue_tokens}); split the request"
-            )
-        if self.batcher.queued_tokens + min_tokens > policy.max_queue_tokens:
-            # Refuse before paying for tokenization: the queue cannot take even the shortest version.
-            raise Overloaded(f"queue full ({self.batcher.queued_tokens} tokens waiting); retry later")
+        self._admit(MIN_TOKENS_PER_INPUT * len(texts), len(texts))
         started = time.perf_counter()
         chars = sum(len(t) for t in prepared)
         if chars <= INLINE_TOKENIZE_CHARS:
@@ -107,15 +101,48 @@ class Pipeline:
             encoded = await self._tokenize_in_pool(prepared, truncate, texts, chars)
         tokenize_seconds = time.perf_counter() - started
         self.metrics.tokenize_duration.observe(tokenize_seconds)
-        result = await self.batcher.submit(encoded.rows, deadline)
+        return await self._compute(encoded.rows, encoded.truncated, normalize, deadline, tokenize_seconds)
+
+    async def embed_rows(self, rows: list[np.ndarray], normalize: bool, deadline: float | None) -> Embedded:
+        """Token id rows (special tokens included, no padding), checked by the caller against the model."""
+        if not rows:
+            raise InvalidInput("no inputs: send at least one row")
+        if len(rows) > self.limits.max_client_batch_size:
+            raise InvalidInput(
+                f"{len(rows)} inputs, more than max_client_batch_size={self.limits.max_client_batch_size}; "
+                "split the request"
+            )
+        self._admit(sum(len(r) for r in rows), len(rows))
+        return await self._compute(rows, [], normalize, deadline, 0.0)
+
+    def _admit(self, min_tokens: int, n: int) -> None:
+        """Refuse before paying for tokenization when the queue cannot take even the shortest version."""
+        policy = self.batcher.policy
+        if min_tokens > policy.max_queue_tokens:
+            raise InvalidInput(
+                f"{n} inputs need at least {min_tokens} tokens, more than the server queues at once "
+                f"({policy.max_queue_tokens}); split the request"
+            )
+        if self.batcher.queued_tokens + min_tokens > policy.max_queue_tokens:
+            raise Overloaded(f"queue full ({self.batcher.queued_tokens} tokens waiting); retry later")
+
+    async def _compute(
+        self,
+        rows: list[np.ndarray],
+        truncated: list[int],
+        normalize: bool,
+        deadline: float | None,
+        tokenize_seconds: float,
+    ) -> Embedded:
+        result = await self.batcher.submit(rows, deadline)
         embeddings = l2_normalize(result.embeddings) if normalize else result.embeddings
-        counts = encoded.token_counts
-        self.metrics.inputs.inc(len(texts))
+        counts = [len(r) for r in rows]
+        self.metrics.inputs.inc(len(rows))
         self.metrics.tokens.inc(sum(counts))
         return Embedded(
             embeddings=embeddings,
             token_counts=counts,
-            truncated=encoded.truncated,
+            truncated=truncated,
             tokenize_seconds=tokenize_seconds,
             queue_seconds=result.queue_seconds,
             inference_seconds=result.inference_seconds,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,8 @@ from server.errors import (
     Unauthenticated,
 )
 from server.metrics import Metrics
-from server.pipeline import Embedded, Pipeline
+from server.models import ServedModel, ServingState
+from server.pipeline import Embedded
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
@@ -65,7 +66,7 @@ class MalformedRequest:
         self.message = f"malformed request: {error}"
 
 
-def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+def lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
@@ -80,13 +81,13 @@ def add_to_server(service: EmbedderService, server: grpc.aio.Server) -> None:
     pb = embedding_pb2
     handlers = {
         "Embed": grpc.unary_unary_rpc_method_handler(
-            service.Embed, _lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
+            service.Embed, lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
         ),
         "EmbedStream": grpc.stream_stream_rpc_method_handler(
-            service.EmbedStream, _lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
+            service.EmbedStream, lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
         ),
         "Info": grpc.unary_unary_rpc_method_handler(
-            service.Info, _lenient(pb.InfoRequest.FromString), pb.InfoResponse.SerializeToString
+            service.Info, lenient(pb.InfoRequest.FromString), pb.InfoResponse.SerializeToString
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
@@ -105,38 +106,9 @@ def as_domain_error(error: Exception, method: str) -> EmbedError:
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    model_id: str
-    model_version: str
-    dim: int
-    max_input_length: int
-    execution_provider: str
-    precision: str
-    version: str
-
-
-class ServingState:
-    """What the servicer needs to know about the server's life: ready, draining.
-
-    Draining does not refuse requests here: every request that reached the server is served, and
-    gRPC's own stop() refuses new calls at the transport (see EmbeddingServer.stop).
-    """
-
-    def __init__(self) -> None:
-        self.pipeline: Pipeline | None = None
-        self.info: ModelInfo | None = None
-        self.draining = False
-        self.in_flight = 0  # RPCs inside a handler now; drain waits for this to reach 0
-
-    def ready_pipeline(self) -> Pipeline:
-        if self.pipeline is None:
-            raise NotReady("the model is still loading; retry shortly")
-        return self.pipeline
-
-
-def to_response(result: Embedded, total_seconds: float) -> embedding_pb2.EmbedResponse:
+def to_response(result: Embedded, total_seconds: float, model: str) -> embedding_pb2.EmbedResponse:
     return embedding_pb2.EmbedResponse(
+        model=model,
         embeddings=[embedding_pb2.Embedding(values=row) for row in result.embeddings.tolist()],
         token_counts=result.token_counts,
         total_tokens=sum(result.token_counts),
@@ -150,7 +122,92 @@ def to_response(result: Embedded, total_seconds: float) -> embedding_pb2.EmbedRe
     )
 
 
-class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
+@dataclass
+class Call:
+    """What an RPC's accounting records: the status code it ended with and the model it used."""
+
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    model: str = ""  # "" until the request named a model that exists
+
+
+class RpcAccounting:
+    """Counting, admission by RPCs in progress and error translation, shared by both protocols."""
+
+    def __init__(self, state: ServingState, metrics: Metrics, max_concurrent_rpcs: int) -> None:
+        self.state = state
+        self.metrics = metrics
+        self._max_concurrent_rpcs = max_concurrent_rpcs
+
+    @contextlib.contextmanager
+    def _observe(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[Call]:
+        """Counts the RPC with the code the handler records (OK unless it says otherwise)."""
+        call = Call()
+        started = time.perf_counter()
+        self.metrics.in_flight.inc()
+        self.state.in_flight += 1
+        try:
+            yield call
+        except asyncio.CancelledError:  # the client went away, or its deadline passed while we worked
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            call.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            self.metrics.rejected("deadline" if expired else "cancelled", call.model)
+            raise
+        except BaseException:
+            if call.code == grpc.StatusCode.OK:  # escaped every handler: gRPC answers UNKNOWN, so count that
+                call.code = grpc.StatusCode.UNKNOWN
+            raise
+        finally:
+            self.state.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(method, call.code.name, call.model).inc()
+            self.metrics.request_duration.labels(method, call.model).observe(time.perf_counter() - started)
+
+    def _admit(self, request: Any, call: Call, name_field: str = "model") -> ServedModel:
+        """The checks before any work: well-formed, not too many RPCs, a served and loaded model."""
+        if isinstance(request, MalformedRequest):
+            raise InvalidInput(request.message)
+        if self.state.in_flight > self._max_concurrent_rpcs:  # counts this one too
+            raise Overloaded(f"more than {self._max_concurrent_rpcs} requests in progress; retry later")
+        model = self.state.resolve(getattr(request, name_field))
+        call.model = model.name
+        return model
+
+    async def _unary(
+        self,
+        method: str,
+        request: object,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[Call], Awaitable[Any]],
+    ) -> Any:
+        """One unary RPC: counted, and any failure answered with its status code from the table."""
+        with self._observe(method, context) as call:
+            try:
+                if isinstance(request, MalformedRequest):
+                    raise InvalidInput(request.message)
+                return await work(call)
+            except Exception as e:
+                error = self._failed(e, method, call)
+                await context.abort(call.code, str(error))
+                raise AssertionError("unreachable: abort raises") from None
+
+    def _failed(self, error: Exception, method: str, call: Call) -> EmbedError:
+        """Any failure as the client gets it: records its status code and refusal reason."""
+        domain = as_domain_error(error, method)
+        call.code = status_for(domain)
+        self._reject(domain, call.model)
+        return domain
+
+    def _reject(self, error: EmbedError, model: str) -> None:
+        """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
+        reason = REJECTION_REASON.get(type(error))
+        if isinstance(error, NotReady) and not self.state.draining:
+            reason = "not_ready"
+        if reason is not None:
+            self.metrics.rejected(reason, model)
+
+
+class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
     def __init__(
         self,
         state: ServingState,
@@ -159,77 +216,27 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         max_streams: int = 64,
         max_concurrent_rpcs: int = 512,
     ) -> None:
-        self.state = state
-        self.metrics = metrics
+        super().__init__(state, metrics, max_concurrent_rpcs)
         self._batching = batching  # the limits part of Info, fixed at start
         self._max_streams = max_streams
-        self._max_concurrent_rpcs = max_concurrent_rpcs
         self._open_streams = 0
 
-    @contextlib.contextmanager
-    def _observe(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[list[grpc.StatusCode]]:
-        """Counts the RPC with the code the handler records (OK unless it says otherwise)."""
-        code = [grpc.StatusCode.OK]
+    async def _embed(
+        self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext, call: Call
+    ) -> embedding_pb2.EmbedResponse:
+        model = self._admit(request, call)
         started = time.perf_counter()
-        self.metrics.in_flight.inc()
-        self.state.in_flight += 1
-        try:
-            yield code
-        except asyncio.CancelledError:  # the client went away, or its deadline passed while we worked
-            remaining = context.time_remaining()
-            expired = remaining is not None and remaining <= 0
-            code[0] = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
-            self.metrics.rejected("deadline" if expired else "cancelled")
-            raise
-        except BaseException:
-            if code[0] == grpc.StatusCode.OK:  # escaped every handler: gRPC answers UNKNOWN, so count that
-                code[0] = grpc.StatusCode.UNKNOWN
-            raise
-        finally:
-            self.state.in_flight -= 1
-            self.metrics.in_flight.dec()
-            self.metrics.requests.labels(method, code[0].name).inc()
-            self.metrics.request_duration.labels(method).observe(time.perf_counter() - started)
-
-    async def _embed(self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> Embedded:
-        if isinstance(request, MalformedRequest):
-            raise InvalidInput(request.message)
-        if self.state.in_flight > self._max_concurrent_rpcs:  # counts this one too
-            raise Overloaded(f"more than {self._max_concurrent_rpcs} requests in progress; retry later")
-        pipeline = self.state.ready_pipeline()
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         normalize = request.normalize if request.HasField("normalize") else True
         # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
-        return await pipeline.embed(request.inputs, request.truncate, normalize, deadline)
-
-    def _failed(self, error: Exception, method: str, code: list[grpc.StatusCode]) -> EmbedError:
-        """Any failure as the client gets it: records its status code and refusal reason."""
-        domain = as_domain_error(error, method)
-        code[0] = status_for(domain)
-        self._reject(domain)
-        return domain
-
-    def _reject(self, error: EmbedError) -> None:
-        """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
-        reason = REJECTION_REASON.get(type(error))
-        if isinstance(error, NotReady) and not self.state.draining:
-            reason = "not_ready"
-        if reason is not None:
-            self.metrics.rejected(reason)
+        result = await model.pipeline.embed(request.inputs, request.truncate, normalize, deadline)
+        return to_response(result, time.perf_counter() - started, model.name)
 
     async def Embed(
         self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.EmbedResponse:
-        with self._observe("Embed", context) as code:
-            started = time.perf_counter()
-            try:
-                result = await self._embed(request, context)
-                return to_response(result, time.perf_counter() - started)
-            except Exception as e:
-                error = self._failed(e, "Embed", code)
-                await context.abort(code[0], str(error))
-                raise AssertionError("unreachable: abort raises") from None
+        return await self._unary("Embed", request, context, lambda call: self._embed(request, context, call))
 
     async def EmbedStream(
         self, request_iterator: AsyncIterator[embedding_pb2.EmbedRequest], context: grpc.aio.ServicerContext
@@ -237,7 +244,7 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
         if self._open_streams >= self._max_streams:
             self.metrics.rejected("overloaded")
-            self.metrics.requests.labels("EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+            self.metrics.requests.labels("EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name, "").inc()
             await context.abort(
                 status_for(Overloaded("")), f"{self._open_streams} streams open, the limit; retry later"
             )
@@ -248,12 +255,11 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue()
 
         async def one(request: embedding_pb2.EmbedRequest) -> embedding_pb2.EmbedResponse:
-            with self._observe("EmbedStream", context) as code:
-                started = time.perf_counter()
+            with self._observe("EmbedStream", context) as call:
                 try:
-                    return to_response(await self._embed(request, context), time.perf_counter() - started)
+                    return await self._embed(request, context, call)
                 except Exception as e:
-                    raise self._failed(e, "EmbedStream", code) from None
+                    raise self._failed(e, "EmbedStream", call) from None
 
         async def read() -> None:
             try:
@@ -286,22 +292,14 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
     async def Info(
         self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.InfoResponse:
-        with self._observe("Info", context) as code:
-            try:
-                return self._info(request)
-            except Exception as e:
-                error = self._failed(e, "Info", code)
-                await context.abort(code[0], str(error))
-                raise AssertionError("unreachable: abort raises") from None
+        return await self._unary("Info", request, context, lambda call: self._info(request, call))
 
-    def _info(self, request: embedding_pb2.InfoRequest) -> embedding_pb2.InfoResponse:
-        if isinstance(request, MalformedRequest):
-            raise InvalidInput(request.message)
-        info = self.state.info
-        if info is None:
-            raise NotReady("the model is still loading; retry shortly")
+    async def _info(self, request: embedding_pb2.InfoRequest, call: Call) -> embedding_pb2.InfoResponse:
+        info = self.state.resolve(request.model).info
+        call.model = info.name
         response = embedding_pb2.InfoResponse()
         response.CopyFrom(self._batching)
+        response.model = info.name
         response.model_id = info.model_id
         response.model_version = info.model_version
         response.dim = info.dim
@@ -309,4 +307,16 @@ class EmbedderService(embedding_pb2_grpc.EmbedderServicer):
         response.execution_provider = info.execution_provider
         response.precision = info.precision
         response.version = info.version
+        for i, model in enumerate(self.state.models.values()):
+            m = model.info
+            response.models.add(
+                name=m.name,
+                model_id=m.model_id,
+                model_version=m.model_version,
+                dim=m.dim,
+                max_input_length=m.max_input_length,
+                execution_provider=m.execution_provider,
+                precision=m.precision,
+                is_default=i == 0,
+            )
         return response

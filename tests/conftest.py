@@ -115,18 +115,28 @@ def eventually(predicate, timeout: float = 10, what: str = "") -> None:  # type:
 
 
 def counter(metric, *labels: str) -> float:  # type: ignore[no-untyped-def]
-    """The current value of a prometheus_client counter (with labels, if any)."""
-    return float((metric.labels(*labels) if labels else metric)._value.get())
+    """A prometheus_client counter summed over its series whose first label values are ``labels``.
+
+    The ``model`` label comes last, so leaving it out sums over every model.
+    """
+    wanted = dict(zip(metric._labelnames, labels, strict=False))
+    return sum(
+        s.value
+        for family in metric.collect()
+        for s in family.samples
+        if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in wanted.items())
+    )
 
 
 def requests_by_code(metrics) -> dict[tuple[str, str], float]:  # type: ignore[no-untyped-def]
-    """embed_requests_total as {(method, code): count}, zero series left out."""
-    return {
-        (s.labels["method"], s.labels["code"]): s.value
-        for family in metrics.requests.collect()
-        for s in family.samples
-        if s.name == "embed_requests_total" and s.value
-    }
+    """embed_requests_total as {(method, code): count} over every model, zero series left out."""
+    totals: dict[tuple[str, str], float] = {}
+    for family in metrics.requests.collect():
+        for s in family.samples:
+            if s.name == "embed_requests_total" and s.value:
+                key = (s.labels["method"], s.labels["code"])
+                totals[key] = totals.get(key, 0.0) + s.value
+    return totals
 
 
 def server_config(model_dir: Path, **overrides: object) -> ServerConfig:

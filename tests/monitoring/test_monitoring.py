@@ -39,11 +39,13 @@ def scrape(port: int) -> str:
 
 
 def sample(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
+    """The sum of the series of ``name`` that carry ``labels`` (so, without model=, over every model)."""
+    return sum(
+        float(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
@@ -126,6 +128,7 @@ def test_counters_move_by_the_right_amounts(monitored: ServerThread) -> None:
     assert delta("embed_requests_total", method="Embed", code="OK") == 5
     assert delta("embed_requests_total", method="Embed", code="INVALID_ARGUMENT") == 2
     assert delta("embed_rejections_total", reason="invalid") == 2
+    assert delta("embed_rejections_total", reason="invalid", model="wordnet-encoder") == 2  # refused by that model
     assert delta("embed_inputs_total") == 15
     assert delta("embed_tokens_total") == token_total
     assert delta("embed_request_duration_seconds_count", method="Embed") == 7

@@ -141,7 +141,7 @@ def test_cancelled_requests_are_never_computed(tiny_artifacts) -> None:
         assert stub.Embed(request("after")).embeddings
         assert all(f.cancelled() for f in doomed)
         assert gate.row_lengths == [3, 3]  # only "x" and "after": no cancelled input reached the backend
-        assert server.server.metrics.dropped_items.labels("cancelled")._value.get() == 5
+        assert counter(server.server.metrics.dropped_items, "cancelled") == 5
     finally:
         gate.release()
         server.stop()
@@ -173,7 +173,7 @@ def expected_code(fuzzed: ServerThread, texts: list[str], truncate: bool) -> grp
     """What the module server must answer (its queue is empty between these sequential calls)."""
     if not texts or len(texts) > 32 or any(not t.strip() or len(t) > 20_000 for t in texts):
         return grpc.StatusCode.INVALID_ARGUMENT
-    tokenizer = fuzzed.server.loaded.tokenizer
+    tokenizer = fuzzed.server.default.tokenizer
     if not truncate and any(len(tokenizer.counting.encode(t).ids) > tokenizer.max_length for t in texts):
         return grpc.StatusCode.INVALID_ARGUMENT
     return grpc.StatusCode.OK
@@ -221,7 +221,7 @@ def test_server_is_up_and_correct_after_the_fuzzing_and_counted_what_clients_saw
     response = fuzzed.stub().Embed(request("the cat sat on the mat"))
     FUZZ_SEEN["Embed", "OK"] += 1
     np.testing.assert_allclose(response.embeddings[0].values, unit(reference("the cat sat on the mat")), atol=1e-5)
-    assert fuzzed.server.metrics.batch_failures._value.get() == 0
+    assert counter(fuzzed.server.metrics.batch_failures) == 0
     assert sum(FUZZ_SEEN.values()) >= 121  # the fuzz tests ran against this server first
     # Every answer a client saw (OK and each error code alike) is in embed_requests_total, and nothing else.
     assert requests_by_code(fuzzed.server.metrics) == dict(FUZZ_SEEN)

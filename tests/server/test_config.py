@@ -68,12 +68,12 @@ def test_an_empty_token_variable_or_flag_refuses_to_start(value: str) -> None:
 
 
 def test_intra_op_spinning_reaches_the_onnx_runtime_session(tiny_artifacts: Path) -> None:
-    from server.app import load_model
+    from server.models import load_model
 
     for flag, expected in (("false", "0"), ("true", "1")):
         config = parse_config(
             ["--model-dir", str(tiny_artifacts), "--provider", "cpu", "--intra-op-spinning", flag], environ={}
         )
-        options = load_model(config).runtime.session.get_session_options()
+        options = load_model(config.model_dir, config).runtime.session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == expected
     assert ServerConfig().intra_op_spinning is False  # the default: leave the cores to the event loop

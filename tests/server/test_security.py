@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.client import EmbeddingClient, Security
-from tests.conftest import ServerThread, server_config
+from tests.conftest import ServerThread, counter, server_config
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -116,7 +116,7 @@ def test_bearer_token_guards_embedder_but_not_health(tiny_artifacts: Path, tmp_p
     server = ServerThread(server_config(tiny_artifacts, auth_token_file=str(token_file)))
     metrics = server.server.metrics
     try:
-        batches_before = metrics.batches._value.get()
+        batches_before = counter(metrics.batches)
         for security in (Security(), Security(token="wrong")):
             with EmbeddingClient(server.target, 5, security) as client:
                 with pytest.raises(grpc.RpcError) as error:
@@ -129,8 +129,8 @@ def test_bearer_token_guards_embedder_but_not_health(tiny_artifacts: Path, tmp_p
         with pytest.raises(grpc.RpcError) as error:
             list(stub.EmbedStream(iter([]), metadata=[("authorization", "Bearer nope")]))
         assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert metrics.batches._value.get() == batches_before  # refused calls cost no inference
-        assert metrics.rejections.labels("unauthenticated")._value.get() == 5
+        assert counter(metrics.batches) == batches_before  # refused calls cost no inference
+        assert counter(metrics.rejections, "unauthenticated") == 5
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.target))
         assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
         with EmbeddingClient(server.target, 5, Security(token="s3cret-token")) as client:

@@ -100,7 +100,7 @@ def test_message_size_is_bounded(tiny_artifacts) -> None:
 
 def test_busy_mixed_length_batches_give_the_same_embeddings_as_alone(served: ServerThread, reference) -> None:
     texts = [" ".join(SENTENCES[: 1 + i % len(SENTENCES)])[: 10 + 7 * i] for i in range(60)]
-    batches_before = served.server.metrics.batches._value.get()
+    batches_before = counter(served.server.metrics.batches)
 
     async def run() -> list[np.ndarray]:
         async with AsyncEmbeddingClient(served.target) as client:
@@ -110,12 +110,12 @@ def test_busy_mixed_length_batches_give_the_same_embeddings_as_alone(served: Ser
     got = asyncio.run(run())
     for text, vector in zip(texts, got, strict=True):
         np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
-    assert served.server.metrics.batches._value.get() - batches_before < len(texts)  # really batched
+    assert counter(served.server.metrics.batches) - batches_before < len(texts)  # really batched
 
 
 def test_200_concurrent_clients_each_get_their_own_result(served: ServerThread, reference) -> None:
     texts = [f"client {i} asks about {SENTENCES[i % len(SENTENCES)]}" for i in range(200)]
-    batches_before = served.server.metrics.batches._value.get()
+    batches_before = counter(served.server.metrics.batches)
 
     async def one(text: str) -> np.ndarray:
         async with AsyncEmbeddingClient(served.target) as client:  # each its own channel
@@ -128,7 +128,7 @@ def test_200_concurrent_clients_each_get_their_own_result(served: ServerThread, 
     got = asyncio.run(run())
     for text, vector in zip(texts, got, strict=True):
         np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
-    batches = served.server.metrics.batches._value.get() - batches_before
+    batches = counter(served.server.metrics.batches) - batches_before
     assert batches < len(texts)  # they were batched together, not run one by one
 
 
@@ -252,7 +252,7 @@ def test_status_counters_equal_what_the_clients_saw(tiny_artifacts) -> None:
         except grpc.RpcError as e:
             seen[method, e.code().name] += 1
 
-    pipeline = server.server.state.pipeline
+    pipeline = server.server.default.pipeline
     real_embed = pipeline.embed
 
     async def buggy_embed(texts, *args):  # type: ignore[no-untyped-def]
@@ -293,7 +293,7 @@ def test_status_counters_equal_what_the_clients_saw(tiny_artifacts) -> None:
 def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts, max_queue_tokens=20, max_batch_size=1))
     gate = GatedBackend(server.server)
-    tokenizer = server.server.loaded.tokenizer
+    tokenizer = server.server.default.tokenizer
     stub = server.stub()
     waiting = "the second waits in the queue"
     overflow = "a sentence that does not fit"

@@ -99,4 +99,4 @@ def test_sigterm_serves_every_request_sent_before_it_then_refuses_at_the_transpo
     refused_at = [sent - signalled for sent, outcome in outcomes if outcome != "OK"]
     assert min(refused_at) > 0.5 * DRAIN_DELAY, sorted(refused_at)[:5]
     ok = before["OK"] + after["OK"]
-    assert f"stopped: {ok} Embed requests answered OK, 0 RPCs cut off" in log, log[-2000:]
+    assert f"stopped: {ok} Embed/ModelInfer requests answered OK, 0 RPCs cut off" in log, log[-2000:]

@@ -25,11 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def ok_requests(metrics_port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "embed_requests_total" and s.labels == {"method": "Embed", "code": "OK"}:
-                return s.value
-    return 0.0
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "embed_requests_total" and s.labels["method"] == "Embed" and s.labels["code"] == "OK"
+    )
 
 
 def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigterm(tiny_artifacts: Path) -> None:

@@ -1,0 +1,128 @@
+"""The models a server serves: loading one, and the registry the servicers resolve names against.
+
+Each model has its own ONNX Runtime session, tokenizer, batcher and pipeline, so a flood on one
+model fills only that model's queue (docs/architecture.md, "Several models"). Nothing here knows
+protobuf; the servicers turn these objects into their protocols' messages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from server.batcher import Batcher
+from server.config import ServerConfig
+from server.errors import InvalidInput, NotReady
+from server.metrics import ModelMetrics
+from server.pipeline import Pipeline
+from server.runtime import OnnxRuntime, RuntimeOptions
+from server.tokenize import TextTokenizer
+
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # what requests call it: --model NAME, or the manifest's model_id
+    model_id: str
+    model_version: str
+    dim: int
+    max_input_length: int
+    vocab_size: int
+    execution_provider: str
+    precision: str
+    version: str
+
+
+@dataclass
+class LoadedModel:
+    runtime: OnnxRuntime
+    tokenizer: TextTokenizer
+    info: ModelInfo
+
+
+@dataclass
+class ServedModel:
+    info: ModelInfo
+    tokenizer: TextTokenizer
+    batcher: Batcher
+    pipeline: Pipeline
+    metrics: ModelMetrics
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = None) -> LoadedModel:
+    """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
+    model_dir = Path(model_dir)
+    manifest_path = model_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} not found: run `make export` or point --model-dir at the artifacts")
+    manifest = json.loads(manifest_path.read_text())
+    tokenizer = TextTokenizer(model_dir / "tokenizer.json")
+    options = RuntimeOptions(
+        config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
+    )
+    runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
+    runtime.warm_up(tokenizer.max_length, config.max_batch_tokens, config.max_batch_size)
+    info = ModelInfo(
+        name=name or str(manifest["model_id"]),
+        model_id=str(manifest["model_id"]),
+        model_version=str(manifest["model_version"]),
+        dim=runtime.dim,
+        max_input_length=tokenizer.max_length,
+        vocab_size=int(manifest["vocab_size"]),
+        execution_provider=runtime.provider,
+        precision=runtime.precision,
+        version=VERSION,
+    )
+    return LoadedModel(runtime, tokenizer, info)
+
+
+class ServingState:
+    """What the servicers need to know about the server's life: its models, ready, draining.
+
+    Draining does not refuse requests here: every request that reached the server is served, and
+    gRPC's own stop() refuses new calls at the transport (see EmbeddingServer.stop).
+    """
+
+    def __init__(self) -> None:
+        # Set once every model is loaded and warm: until then every model-bound call is NotReady.
+        self.models: dict[str, ServedModel] = {}  # the default first
+        # Other names a model answers to: the Triton repository's folder name (its model_id without the
+        # owner, e.g. all-MiniLM-L6-v2), so a client written for that repository works unchanged.
+        self.aliases: dict[str, str] = {}
+        self.draining = False
+        self.in_flight = 0  # RPCs inside a handler now; drain waits for this to reach 0
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.models) and not self.draining
+
+    def serve(self, models: list[ServedModel]) -> None:
+        """Publish the loaded models at once, the default first."""
+        served = {m.name: m for m in models}
+        aliases = {}
+        for m in models:
+            short = m.info.model_id.rsplit("/", 1)[-1]
+            if short not in served:
+                aliases[short] = m.name
+        self.aliases = aliases
+        self.models = served
+
+    def find(self, name: str) -> ServedModel | None:
+        if not name:
+            return next(iter(self.models.values()), None)
+        return self.models.get(name) or self.models.get(self.aliases.get(name, ""))
+
+    def resolve(self, name: str) -> ServedModel:
+        """The model a request names; "" is the default. Unknown names are InvalidInput listing the served."""
+        if not self.models:
+            raise NotReady("the models are still loading; retry shortly")
+        model = self.find(name)
+        if model is None:
+            raise InvalidInput(f"unknown model {name!r}; this server serves {', '.join(map(repr, self.models))}")
+        return model

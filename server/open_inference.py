@@ -1,0 +1,268 @@
+"""The Open Inference Protocol (KServe v2) servicer, on the same port and batchers as Embedder.
+
+Two ways in, both answered with the output ``embeddings``, FP32 [N, dim], in ``raw_output_contents``:
+
+* text: one input ``text``, BYTES [N] (or [N, 1]), as raw contents with 4-byte little-endian length
+  prefixes (what tritonclient sends) or as ``bytes_contents``; L2-normalised unless the request
+  parameter ``normalize`` is false; ``truncate`` (bool, default false) as in Embed;
+* tokens: ``input_ids`` and ``attention_mask``, INT64 [N, T], the tensors of the exported
+  ``model.onnx`` and of the Triton repository ``make export`` writes; right padding only (each mask
+  row is ones, then zeros); not normalised unless ``normalize`` is true, so a client of Triton
+  serving that repository gets the same numbers from us.
+
+Errors use the same table as Embed (server/service.py). The messages are built in a private
+descriptor pool from the published proto (protos/inference/v2/), so this module can share a process
+with tritonclient, whose own copy of package ``inference`` sits in protobuf's default pool.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from server.errors import InvalidInput
+from server.metrics import Metrics
+from server.models import ServedModel, ServingState
+from server.service import Call, RpcAccounting, lenient
+
+DESCRIPTOR_SET = Path(__file__).parent / "_proto" / "open_inference_grpc.binpb"
+SERVICE_NAME = "inference.GRPCInferenceService"
+SERVER_NAME = "embedding-service"
+TRITON_VERSION = "1"  # the version folder of the Triton repository `make export` writes: accepted as an alias
+METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+MESSAGES = [f"{method}{kind}" for method in METHODS for kind in ("Request", "Response")]
+TEXT_INPUT = "text"
+TOKEN_INPUTS = ("input_ids", "attention_mask")
+OUTPUT = "embeddings"
+
+
+def load_messages(path: Path = DESCRIPTOR_SET) -> Any:
+    """The protocol's message classes, built in a pool of their own (see the module docstring)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `make protos` (it compiles protos/inference/v2)")
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes()).file:
+        pool.Add(file)
+    classes = {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"inference.{name}")) for name in MESSAGES
+    }
+    return SimpleNamespace(**classes)
+
+
+pb = load_messages()
+
+
+# ---- tensors in and out ---------------------------------------------------------------------------
+def _shape(tensor: Any) -> list[int]:
+    return [int(d) for d in tensor.shape]
+
+
+def _count(shape: list[int], name: str) -> int:
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"input {name!r}: shape {shape} has a negative dimension")
+    return int(np.prod(shape)) if shape else 1
+
+
+def decode_text(tensor: Any, raw: bytes | None) -> list[str]:
+    """BYTES [N] or [N, 1] -> N strings (UTF-8)."""
+    shape = _shape(tensor)
+    if tensor.datatype != "BYTES":
+        raise InvalidInput(f"input {TEXT_INPUT!r} must be BYTES, not {tensor.datatype or 'unset'}")
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+        raise InvalidInput(f"input {TEXT_INPUT!r} must have shape [N] or [N, 1], not {shape}")
+    n = _count(shape, TEXT_INPUT)
+    if raw is None:
+        items = list(tensor.contents.bytes_contents)
+    else:
+        items, offset = [], 0
+        while offset < len(raw):
+            if offset + 4 > len(raw):
+                raise InvalidInput(f"input {TEXT_INPUT!r}: raw contents end inside a 4-byte length prefix")
+            (size,) = struct.unpack_from("<I", raw, offset)
+            if offset + 4 + size > len(raw):
+                raise InvalidInput(f"input {TEXT_INPUT!r}: element {len(items)} says {size} bytes, fewer remain")
+            items.append(raw[offset + 4 : offset + 4 + size])
+            offset += 4 + size
+    if len(items) != n:
+        raise InvalidInput(f"input {TEXT_INPUT!r}: shape {shape} needs {n} elements, the contents hold {len(items)}")
+    texts = []
+    for i, item in enumerate(items):
+        try:
+            texts.append(item.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidInput(f"input {TEXT_INPUT!r}: element {i} is not valid UTF-8") from None
+    return texts
+
+
+def decode_int64(tensor: Any, raw: bytes | None) -> np.ndarray:
+    """INT64 [N, T] -> an (N, T) int64 array."""
+    shape = _shape(tensor)
+    if tensor.datatype != "INT64":
+        raise InvalidInput(f"input {tensor.name!r} must be INT64, not {tensor.datatype or 'unset'}")
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise InvalidInput(f"input {tensor.name!r} must have shape [N, T] with N, T >= 1, not {shape}")
+    n = _count(shape, tensor.name)
+    if raw is None:
+        values = np.asarray(tensor.contents.int64_contents, dtype=np.int64)
+    else:
+        if len(raw) != n * 8:
+            raise InvalidInput(f"input {tensor.name!r}: shape {shape} needs {n * 8} raw bytes, got {len(raw)}")
+        values = np.frombuffer(raw, dtype="<i8").astype(np.int64)
+    if values.size != n:
+        raise InvalidInput(f"input {tensor.name!r}: shape {shape} needs {n} elements, the contents hold {values.size}")
+    return values.reshape(shape)
+
+
+def token_rows(ids: np.ndarray, mask: np.ndarray, model: ServedModel) -> list[np.ndarray]:
+    """Right-padded ids and mask -> one unpadded row per input, checked against the model."""
+    if ids.shape != mask.shape:
+        raise InvalidInput(f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} differ in shape")
+    limit = model.info.max_input_length
+    if ids.shape[1] > limit:
+        raise InvalidInput(f"input_ids has {ids.shape[1]} positions, more than the model's limit of {limit}")
+    lengths = mask.sum(axis=1)
+    right_padded = mask == (np.arange(mask.shape[1]) < lengths[:, None])
+    if not right_padded.all() or (lengths < 1).any():
+        row = int(np.nonzero(~right_padded.all(axis=1) | (lengths < 1))[0][0])
+        raise InvalidInput(f"attention_mask row {row} must be ones then zeros (right padding, at least one token)")
+    vocab = model.info.vocab_size
+    real = ids[mask == 1]
+    if real.size and (real.min() < 0 or real.max() >= vocab):
+        raise InvalidInput(f"input_ids holds a token id outside the vocabulary [0, {vocab})")
+    return [np.ascontiguousarray(ids[i, : lengths[i]]) for i in range(ids.shape[0])]
+
+
+def _bool_parameter(request: Any, name: str, default: bool) -> bool:
+    if name not in request.parameters:
+        return default
+    value = request.parameters[name]
+    if value.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidInput(f"parameter {name!r} must be a bool")
+    return bool(value.bool_param)
+
+
+# ---- the servicer ---------------------------------------------------------------------------------
+class OpenInferenceService(RpcAccounting):
+    def __init__(self, state: ServingState, metrics: Metrics, max_concurrent_rpcs: int, version: str) -> None:
+        super().__init__(state, metrics, max_concurrent_rpcs)
+        self.version = version
+
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ServerLive", request, context, self._live)
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ServerReady", request, context, self._ready)
+
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ModelReady", request, context, lambda call: self._model_ready(request, call))
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ServerMetadata", request, context, self._server_metadata)
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ModelMetadata", request, context, lambda call: self._metadata(request, call))
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ModelInfer", request, context, lambda call: self._infer(request, context, call))
+
+    async def _live(self, call: Call) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def _ready(self, call: Call) -> Any:
+        return pb.ServerReadyResponse(ready=self.state.ready)
+
+    async def _model_ready(self, request: Any, call: Call) -> Any:
+        """A model that is not served is simply not ready: probes get an answer, not an error."""
+        model = self.state.find(request.name) if request.name and self.state.ready else None
+        if model is not None:
+            call.model = model.name
+        ready = model is not None and request.version in ("", model.info.model_version, TRITON_VERSION)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def _server_metadata(self, call: Call) -> Any:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=[])
+
+    def _model(self, request: Any, call: Call, name_field: str, version_field: str) -> ServedModel:
+        model = self._admit(request, call, name_field)
+        version = getattr(request, version_field)
+        if version not in ("", model.info.model_version, TRITON_VERSION):
+            raise InvalidInput(
+                f"model {model.name!r} has version {model.info.model_version!r} (or {TRITON_VERSION!r}, "
+                f"the Triton repository's), not {version!r}"
+            )
+        return model
+
+    async def _metadata(self, request: Any, call: Call) -> Any:
+        info = self._model(request, call, "name", "version").info
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=info.name,
+            versions=[info.model_version],
+            platform="onnxruntime_onnx",
+            inputs=[
+                tensor(name=TEXT_INPUT, datatype="BYTES", shape=[-1]),
+                tensor(name=TOKEN_INPUTS[0], datatype="INT64", shape=[-1, -1]),
+                tensor(name=TOKEN_INPUTS[1], datatype="INT64", shape=[-1, -1]),
+            ],
+            outputs=[tensor(name=OUTPUT, datatype="FP32", shape=[-1, info.dim])],
+            properties={
+                "model_id": info.model_id,
+                "max_input_length": str(info.max_input_length),
+                "vocab_size": str(info.vocab_size),
+                "inputs": "either text (BYTES [N]) or input_ids and attention_mask (INT64 [N, T], right-padded)",
+                "normalize": "text: true by default; tokens: false by default; request parameter 'normalize'",
+            },
+        )
+
+    async def _infer(self, request: Any, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        model = self._model(request, call, "model_name", "model_version")
+        for wanted in request.outputs:
+            if wanted.name != OUTPUT:
+                raise InvalidInput(f"unknown output {wanted.name!r}: this model has only {OUTPUT!r}")
+        inputs = list(request.inputs)
+        raw = list(request.raw_input_contents)
+        if raw and len(raw) != len(inputs):
+            raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
+        tensors = {t.name: (t, raw[i] if raw else None) for i, t in enumerate(inputs)}
+        if len(tensors) != len(inputs):
+            raise InvalidInput("an input name appears twice")
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        if set(tensors) == {TEXT_INPUT}:
+            texts = decode_text(*tensors[TEXT_INPUT])
+            normalize = _bool_parameter(request, "normalize", True)
+            truncate = _bool_parameter(request, "truncate", False)
+            result = await model.pipeline.embed(texts, truncate, normalize, deadline)
+        elif set(tensors) == set(TOKEN_INPUTS):
+            ids, mask = (decode_int64(*tensors[name]) for name in TOKEN_INPUTS)
+            rows = token_rows(ids, mask, model)
+            result = await model.pipeline.embed_rows(rows, _bool_parameter(request, "normalize", False), deadline)
+        else:
+            raise InvalidInput(
+                f"inputs {sorted(tensors)}: send either {TEXT_INPUT!r} (BYTES [N]) or "
+                f"{TOKEN_INPUTS[0]!r} and {TOKEN_INPUTS[1]!r} (INT64 [N, T])"
+            )
+        embeddings = np.ascontiguousarray(result.embeddings, dtype="<f4")
+        response = pb.ModelInferResponse(model_name=model.name, model_version=model.info.model_version, id=request.id)
+        response.outputs.add(name=OUTPUT, datatype="FP32", shape=list(embeddings.shape))
+        response.raw_output_contents.append(embeddings.tobytes())
+        return response
+
+
+def add_to_server(service: OpenInferenceService, server: grpc.aio.Server) -> None:
+    """Generic handlers (no generated stubs): malformed bytes are INVALID_ARGUMENT, as for Embedder."""
+    handlers = {}
+    for method in METHODS:
+        request_class = getattr(pb, f"{method}Request")
+        handlers[method] = grpc.unary_unary_rpc_method_handler(
+            getattr(service, method), lenient(request_class.FromString), lambda m: m.SerializeToString()
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
