@@ -81,14 +81,14 @@ class GatedBackend:
     Lets a test hold the backend busy so a queue builds up, and prove which inputs were computed.
     """
 
-    def __init__(self, server: EmbeddingServer) -> None:
-        assert server.batcher is not None
-        self._batcher = server.batcher
-        self._real = server.batcher.run_batch
+    def __init__(self, server: EmbeddingServer, model: str = "") -> None:
+        batcher = server.state.resolve(model).batcher  # "" = the default model
+        self._batcher = batcher
+        self._real = batcher.run_batch
         self._open = threading.Event()
         self.batch_sizes: list[int] = []
         self.row_lengths: list[int] = []
-        server.batcher.run_batch = self
+        batcher.run_batch = self
 
     def __call__(self, rows):  # type: ignore[no-untyped-def]
         if not self._open.wait(30):

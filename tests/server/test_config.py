@@ -34,6 +34,21 @@ def test_invalid_values_are_refused_with_a_clear_message(capsys: pytest.CaptureF
         ServerConfig(max_batch_size=0)
 
 
+def test_models_are_named_pairs_from_flags_or_one_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_config(["--model-dir", "x"], environ={}).model_dirs() == [(None, "x")]  # named by its manifest
+    pairs = parse_config(["--model", "small=a", "--model", "big=b/c"], environ={"EMBED_MODEL": "other=z"})
+    assert pairs.model_dirs() == [("small", "a"), ("big", "b/c")]  # flags beat the variable, order kept
+    assert parse_config([], environ={"EMBED_MODEL": "small=a, big=b"}).model_dirs() == [("small", "a"), ("big", "b")]
+    for bad, message in (
+        (["--model", "small"], "--model takes NAME=DIR"),
+        (["--model", "a/b=x"], "model name 'a/b'"),
+        (["--model", "m=x", "--model", "m=y"], "model name 'm' given twice"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_config(bad, environ={})
+        assert message in capsys.readouterr().err
+
+
 def serve_exits(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run `python -m server` as an operator would; it must refuse before listening or loading a model."""
     done = subprocess.run(

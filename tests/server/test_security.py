@@ -8,11 +8,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+import tritonclient.grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.client import EmbeddingClient, Security
@@ -135,6 +137,13 @@ def test_bearer_token_guards_embedder_but_not_health(tiny_artifacts: Path, tmp_p
         assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
         with EmbeddingClient(server.target, 5, Security(token="s3cret-token")) as client:
             assert len(client.embed(["welcome"]).embeddings) == 1
+        # The Open Inference Protocol is guarded by the same token.
+        with tritonclient.grpc.InferenceServerClient(server.target) as triton:
+            with pytest.raises(InferenceServerException) as refused:
+                triton.get_model_metadata("wordnet-encoder")
+            assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+            metadata = triton.get_model_metadata("wordnet-encoder", headers={"authorization": "Bearer s3cret-token"})
+            assert metadata.name == "wordnet-encoder"
     finally:
         server.stop()
 
