@@ -83,6 +83,12 @@ def test_dashboard_uses_a_datasource_variable_and_covers_the_panels() -> None:
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for needed in ("status code", "p99", "stage", "padding", "queue", "rejections", "tokens/s", "provider"):
         assert needed in titles
+    # A model variable from the served models, and every per-model series filtered by it.
+    assert "embed_model_info" in variables["model"]["definition"] and variables["model"]["includeAll"]
+    for title, expr in dashboard_exprs():
+        for selector in re.findall(r"\b(embed_\w+)\{([^}]*)\}", expr):
+            if selector[0] != "embed_requests_in_flight":
+                assert 'model=~"$model"' in selector[1], (title, expr)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +228,7 @@ class Prometheus:
 
 
 def grafana_to_promql(expr: str) -> str:
-    return expr.replace('"$job"', '"embedding"').replace("$__rate_interval", "1m")
+    return expr.replace('"$job"', '"embedding"').replace('"$model"', '".*"').replace("$__rate_interval", "1m")
 
 
 def test_dashboard_and_alert_queries_return_data_from_a_real_prometheus(
