@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,8 @@ grpc_gevent.init_gevent()
 from locust import User  # noqa: E402
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc  # noqa: E402
+from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE  # noqa: E402
+from server.open_inference import pb as inference_pb  # noqa: E402
 
 
 class GrpcCallFailed(Exception):
@@ -34,6 +37,11 @@ class GrpcUser(User):
         target = (self.host or "localhost:50051").removeprefix("grpc://").removeprefix("http://")
         self.channel = grpc.insecure_channel(target)
         self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
+        self.model_infer_call = self.channel.unary_unary(
+            f"/{INFERENCE_SERVICE}/ModelInfer",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=inference_pb.ModelInferResponse.FromString,
+        )
 
     def on_stop(self) -> None:
         self.channel.close()
@@ -71,5 +79,20 @@ class GrpcUser(User):
             if len(responses) != len(batches):
                 raise GrpcCallFailed(grpc.StatusCode.DATA_LOSS, f"{len(responses)} of {len(batches)} answered")
             return sum(r.ByteSize() for r in responses)
+
+        self._report(name, call)
+
+    def model_infer(self, name: str, texts: list[str], model: str = "") -> None:
+        """The Open Inference Protocol's text mode, raw contents as tritonclient sends them."""
+        request = inference_pb.ModelInferRequest(model_name=model)
+        request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
+        request.raw_input_contents.append(b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in texts)))
+        request.parameters["truncate"].bool_param = True
+
+        def call() -> int:
+            response = self.model_infer_call(request, timeout=self.timeout)
+            if list(response.outputs[0].shape)[:1] != [len(texts)]:
+                raise GrpcCallFailed(grpc.StatusCode.DATA_LOSS, f"shape {list(response.outputs[0].shape)}")
+            return response.ByteSize()
 
         self._report(name, call)

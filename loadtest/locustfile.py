@@ -3,6 +3,7 @@
 make loadtest                                  # starts a local server on artifacts/, 30 s, 32 users
 EMBED_TARGET=host:50051 make loadtest          # against a running service
 locust -f loadtest/locustfile.py --host localhost:50051   # Locust's web UI
+make loadtest LOADTEST_MODEL_INFER=1           # also the Open Inference Protocol task (tag model-infer)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import random
 from typing import Any
 
-from locust import between, events, task
+from locust import between, events, tag, task
 
 from loadtest.grpc_user import GrpcUser
 from loadtest.texts import load_pool
@@ -75,3 +76,8 @@ class EmbeddingUser(GrpcUser):
     @task(1)
     def stream(self) -> None:
         self.embed_stream("EmbedStream 5x2", [POOL.mixed(self.rng, 2) for _ in range(5)])
+
+    @tag("model-infer")
+    @task(2)
+    def model_infer_4_texts(self) -> None:
+        self.model_infer("ModelInfer 4 mixed", POOL.mixed(self.rng, 4))

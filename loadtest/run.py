@@ -97,7 +97,9 @@ def totals(reports: Path) -> tuple[int, int]:
     return summary["total"]["requests"], summary["total"]["failures"]
 
 
-def run_locust(target: str, users: int, spawn_rate: float, duration: str, reports: Path) -> int:
+def run_locust(
+    target: str, users: int, spawn_rate: float, duration: str, reports: Path, model_infer: bool = False
+) -> int:
     reports.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -122,6 +124,8 @@ def run_locust(target: str, users: int, spawn_rate: float, duration: str, report
         "--stop-timeout",
         "10",
     ]
+    if not model_infer:  # the Open Inference Protocol task is optional: --model-infer turns it on
+        command += ["--exclude-tags", "model-infer"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LOADTEST_SUMMARY": str(reports / "loadtest_summary.json")}
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
@@ -134,12 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spawn-rate", type=float, default=8)
     parser.add_argument("--duration", default="30s")
     parser.add_argument("--reports", type=Path, default=ROOT / "reports")
+    parser.add_argument(
+        "--model-infer",
+        action="store_true",
+        default=os.environ.get("LOADTEST_MODEL_INFER", "") not in ("", "0", "false"),
+        help="also run the Open Inference Protocol task (ModelInfer, 4 texts; env LOADTEST_MODEL_INFER=1)",
+    )
     args = parser.parse_args(argv)
+    locust = (args.users, args.spawn_rate, args.duration, args.reports, args.model_infer)
     if args.target:
-        code = run_locust(args.target, args.users, args.spawn_rate, args.duration, args.reports)
+        code = run_locust(args.target, *locust)
     else:
         with local_server(args.model_dir) as server:
-            code = run_locust(server.target, args.users, args.spawn_rate, args.duration, args.reports)
+            code = run_locust(server.target, *locust)
     requests, failures = totals(args.reports)
     print(f"loadtest: {requests} requests, {failures} failed; reports in {args.reports}")
     if requests == 0:

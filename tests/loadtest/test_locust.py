@@ -34,10 +34,11 @@ def test_short_locust_run_exercises_every_task_without_failures(tiny_artifacts: 
         "5s",
         "--reports",
         str(tmp_path),
+        "--model-infer",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     tasks = summary(tmp_path)["tasks"]
-    for task in ("Embed 1 short", "Embed 8 mixed", "Embed 2 long", "EmbedStream 5x2"):
+    for task in ("Embed 1 short", "Embed 8 mixed", "Embed 2 long", "EmbedStream 5x2", "ModelInfer 4 mixed"):
         assert tasks[task]["requests"] > 0 and tasks[task]["failures"] == 0, task
     # response sizes are reported: 8 embeddings of 32 floats outweigh 1
     assert tasks["Embed 8 mixed"]["avg_response_bytes"] > 4 * tasks["Embed 1 short"]["avg_response_bytes"] > 0
@@ -52,3 +53,4 @@ def test_failed_calls_show_as_failures_and_fail_the_run(tmp_path: Path) -> None:
     result = summary(tmp_path)
     assert result["total"]["failures"] == result["total"]["requests"] > 0
     assert all(error.startswith("UNAVAILABLE: ") for error in result["errors"]), result["errors"]
+    assert "ModelInfer 4 mixed" not in result["tasks"]  # optional: off unless --model-infer
