@@ -242,8 +242,8 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_with
     stub = server.stub()
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.target))
 
-    def status() -> int:
-        return health.Check(health_pb2.HealthCheckRequest(service="embedding.v1.Embedder")).status
+    def status(service: str = "embedding.v1.Embedder") -> int:
+        return health.Check(health_pb2.HealthCheckRequest(service=service)).status
 
     try:
         for i in range(5):
@@ -252,9 +252,11 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_with
             assert error.value.code() == grpc.StatusCode.INTERNAL
         time.sleep(0.5)  # probes run (and fail) meanwhile
         assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert status("model/wordnet-encoder") == health_pb2.HealthCheckResponse.NOT_SERVING
         batches = counter(server.server.metrics.batches)
         broken.clear()  # the backend recovers; no client sends anything (readiness keeps traffic away)
         eventually(lambda: status() == health_pb2.HealthCheckResponse.SERVING, what="health SERVING again")
+        eventually(lambda: status("model/wordnet-encoder") == health_pb2.HealthCheckResponse.SERVING, what="model")
         assert counter(server.server.metrics.batches) == batches  # probes are not counted as served batches
         assert len(stub.Embed(request("recovered")).embeddings) == 1
     finally:
