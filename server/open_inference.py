@@ -17,6 +17,7 @@ with tritonclient, whose own copy of package ``inference`` sits in protobuf's de
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from pathlib import Path
@@ -67,7 +68,7 @@ def _shape(tensor: Any) -> list[int]:
 def _count(shape: list[int], name: str) -> int:
     if any(d < 0 for d in shape):
         raise InvalidInput(f"input {name!r}: shape {shape} has a negative dimension")
-    return int(np.prod(shape)) if shape else 1
+    return math.prod(shape)  # exact for any size: a huge shape is refused, never wrapped around
 
 
 def decode_text(tensor: Any, raw: bytes | None) -> list[str]:

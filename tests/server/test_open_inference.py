@@ -150,6 +150,12 @@ def _tokens(ids: list[list[int]], mask: list[list[int]], datatype: str = "INT64"
     return message
 
 
+def _with_shape(message, shape: list[int]):  # type: ignore[no-untyped-def]
+    del message.inputs[0].shape[:]
+    message.inputs[0].shape.extend(shape)
+    return message
+
+
 def _with_output(message, name: str):  # type: ignore[no-untyped-def]
     message.outputs.add(name=name)
     return message
@@ -169,6 +175,8 @@ BAD_REQUESTS = {
     "empty mask row": (_tokens([[2, 3], [0, 0]], [[1, 1], [0, 0]]), "attention_mask row 1"),
     "id outside the vocabulary": (_tokens([[2, 1000, 3]], [[1, 1, 1]]), "outside the vocabulary [0, 1000)"),
     "longer than the model": (_tokens([[2] * 33], [[1] * 33]), "33 positions, more than the model's limit of 32"),
+    "huge shape": (_with_shape(_tokens([[2, 3]], [[1, 1]]), [2**40, 2**40]), "the contents hold 2"),
+    "negative shape": (_with_shape(_text([1]), [-1]), "negative dimension"),
     "unknown output": (_with_output(_text([1]), "pooled"), "unknown output 'pooled'"),
     "wrong version": (pb.ModelInferRequest(model_name=MODEL, model_version="7"), "not '7'"),
 }
