@@ -140,6 +140,36 @@ def measure_compute_bound(
     }
 
 
+def measure_pretrained(
+    model_dir: Path, texts: list[str], texts_file: Path, policy: BatchPolicy, duration: float, provider: str
+) -> dict[str, object] | None:
+    """all-MiniLM-L6-v2 as `make export-pretrained` writes it: the server against its raw ceiling."""
+    folder = model_dir / "minilm"
+    if not (folder / "manifest.json").is_file():
+        print("8. all-MiniLM-L6-v2: not exported here (make export-pretrained); skipped", flush=True)
+        return None
+    print("8. all-MiniLM-L6-v2 (make export-pretrained), served unchanged", flush=True)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    tokenizer = TextTokenizer(folder / "tokenizer.json")
+    rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
+    runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=int(manifest["pad_id"]))
+    runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
+    batches = plan_batches(rows, policy)
+    ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
+    with local_server(str(folder), [*COMPUTE_BOUND_FLAGS, "--provider", provider]) as server:
+        sweep = load_sweep(server.target, (32,), texts_file, duration)
+    ceiling.append(len(rows) / time_batches(runtime, batches, repeats=2))
+    print(f"  ceiling {ceiling}, server {sweep[0]['texts_per_second']:.0f} texts/s", flush=True)
+    return {
+        "model_id": manifest["model_id"],
+        "parameters": onnx_parameters(folder / "model.onnx"),
+        "max_length": tokenizer.max_length,
+        "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling},
+        "server": sweep,
+        "server_flags": COMPUTE_BOUND_FLAGS,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("artifacts"))
@@ -225,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         results["transport_readings"] = transport_readings
         results["compute_bound"] = measure_compute_bound(
+            args.model_dir, texts, texts_file, policy, args.duration, args.provider
+        )
+        results["pretrained"] = measure_pretrained(
             args.model_dir, texts, texts_file, policy, args.duration, args.provider
         )
 

