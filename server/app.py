@@ -161,10 +161,13 @@ class EmbeddingServer:
 
     async def load(self) -> None:
         """Load and warm up every model off the event loop (health checks answer meanwhile), then serve."""
+        limits = Limits(
+            self.config.max_client_batch_size, self.config.max_input_chars, self.config.max_tokenizing_chars
+        )
         served = []
         for name, folder in self.config.model_dirs():
             loaded = await asyncio.to_thread(load_model, folder, self.config, name)
-            served.append(self._serve_model(loaded))
+            served.append(self._serve_model(loaded, limits))
         self.state.serve(served)
         await self._set_health(SERVING)
         for model in served:
@@ -180,7 +183,7 @@ class EmbeddingServer:
                 info.max_input_length,
             )
 
-    def _serve_model(self, loaded: LoadedModel) -> ServedModel:
+    def _serve_model(self, loaded: LoadedModel, limits: Limits) -> ServedModel:
         """A loaded model's batcher, pipeline and metrics; its batcher starts at once."""
         info = loaded.info
         policy = BatchPolicy(
@@ -201,9 +204,6 @@ class EmbeddingServer:
         )
         metrics.queue_capacity_tokens.set(policy.max_queue_tokens)
         batcher.start()
-        limits = Limits(
-            self.config.max_client_batch_size, self.config.max_input_chars, self.config.max_tokenizing_chars
-        )
         self.metrics.model_info.labels(info.name).info(
             {
                 "model_id": info.model_id,
@@ -215,7 +215,7 @@ class EmbeddingServer:
             }
         )
         pipeline = Pipeline(loaded.tokenizer, batcher, limits, metrics, self.config.tokenizer_threads)
-        return ServedModel(info, loaded.tokenizer, batcher, pipeline, metrics)
+        return ServedModel(info, pipeline)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain without refusing anything that reached this server.

@@ -14,7 +14,6 @@ from pathlib import Path
 from server.batcher import Batcher
 from server.config import ServerConfig
 from server.errors import InvalidInput, NotReady
-from server.metrics import ModelMetrics
 from server.pipeline import Pipeline
 from server.runtime import OnnxRuntime, RuntimeOptions
 from server.tokenize import TextTokenizer
@@ -45,14 +44,19 @@ class LoadedModel:
 @dataclass
 class ServedModel:
     info: ModelInfo
-    tokenizer: TextTokenizer
-    batcher: Batcher
-    pipeline: Pipeline
-    metrics: ModelMetrics
+    pipeline: Pipeline  # holds the model's tokenizer, batcher and metrics
 
     @property
     def name(self) -> str:
         return self.info.name
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self.pipeline.tokenizer
+
+    @property
+    def batcher(self) -> Batcher:
+        return self.pipeline.batcher
 
 
 def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = None) -> LoadedModel:

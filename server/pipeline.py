@@ -104,9 +104,7 @@ class Pipeline:
         return await self._compute(encoded.rows, encoded.truncated, normalize, deadline, tokenize_seconds)
 
     async def embed_rows(self, rows: list[np.ndarray], normalize: bool, deadline: float | None) -> Embedded:
-        """Token id rows (special tokens included, no padding), checked by the caller against the model."""
-        if not rows:
-            raise InvalidInput("no inputs: send at least one row")
+        """At least one token id row (special tokens included, no padding), checked by the caller."""
         if len(rows) > self.limits.max_client_batch_size:
             raise InvalidInput(
                 f"{len(rows)} inputs, more than max_client_batch_size={self.limits.max_client_batch_size}; "

@@ -26,7 +26,7 @@ from server.errors import (
     Unauthenticated,
 )
 from server.metrics import Metrics
-from server.models import ServedModel, ServingState
+from server.models import ModelInfo, ServedModel, ServingState
 from server.pipeline import Embedded
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ REJECTION_REASON: dict[type[EmbedError], str] = {
     Cancelled: "cancelled",
 }
 
+DESCRIBED_FIELDS = ("model_id", "model_version", "dim", "max_input_length", "execution_provider", "precision")
 STREAM_WINDOW = 16  # requests of one stream computed concurrently; reading pauses beyond that
 
 
@@ -120,6 +121,12 @@ def to_response(result: Embedded, total_seconds: float, model: str) -> embedding
             total_seconds=total_seconds,
         ),
     )
+
+
+def describe(info: ModelInfo, message: Any) -> None:
+    """The fields InfoResponse and ModelDescription share, from one model's info."""
+    for field in DESCRIBED_FIELDS:
+        setattr(message, field, getattr(info, field))
 
 
 @dataclass
@@ -297,26 +304,9 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
     async def _info(self, request: embedding_pb2.InfoRequest, call: Call) -> embedding_pb2.InfoResponse:
         info = self.state.resolve(request.model).info
         call.model = info.name
-        response = embedding_pb2.InfoResponse()
-        response.CopyFrom(self._batching)
-        response.model = info.name
-        response.model_id = info.model_id
-        response.model_version = info.model_version
-        response.dim = info.dim
-        response.max_input_length = info.max_input_length
-        response.execution_provider = info.execution_provider
-        response.precision = info.precision
-        response.version = info.version
+        response = embedding_pb2.InfoResponse(model=info.name, version=info.version)
+        response.MergeFrom(self._batching)
+        describe(info, response)
         for i, model in enumerate(self.state.models.values()):
-            m = model.info
-            response.models.add(
-                name=m.name,
-                model_id=m.model_id,
-                model_version=m.model_version,
-                dim=m.dim,
-                max_input_length=m.max_input_length,
-                execution_provider=m.execution_provider,
-                precision=m.precision,
-                is_default=i == 0,
-            )
+            describe(model.info, response.models.add(name=model.name, is_default=i == 0))
         return response

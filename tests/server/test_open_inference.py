@@ -18,16 +18,9 @@ from tritonclient.utils import InferenceServerException
 from server.open_inference import SERVICE_NAME, pb
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
-from tests.conftest import SENTENCES, ServerThread, counter, request, server_config
+from tests.conftest import SENTENCES, ServerThread, counter, request
 
 MODEL = "wordnet-encoder"  # the tiny model's manifest model_id: its served name
-
-
-@pytest.fixture(scope="module")
-def served(tiny_artifacts: Path) -> Iterator[ServerThread]:
-    server = ServerThread(server_config(tiny_artifacts, max_client_batch_size=32))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
