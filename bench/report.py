@@ -253,6 +253,10 @@ def cpu_per_request(x: dict[str, Any]) -> float:
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
 
 
+# Per single-text request, measured separately (stop 18): tokenization, and it plus the rest of our Python.
+TOKENIZE_US, OUR_PYTHON_US = 65, 200
+
+
 def limits_section(r: dict[str, Any]) -> list[str]:
     """Where the time goes against the serial limit: this run's CPU figures, the profile, what was tried."""
     lim = limits(r)
@@ -265,6 +269,10 @@ def limits_section(r: dict[str, Any]) -> list[str]:
     b8 = _at(r["server_batch8"], 16)
     one_client, transport_one = _at(r["server"], 1)["p50_ms"], _at(r["transport"]["single"], 1)["p50_ms"]
     fractions = ", ".join(f"{x['fraction']:.2f} L at {key}" for key, x in lim.items())
+    # At 0.8 L the cores are shared by the server and the load generator: what both may spend per request.
+    budget = cores * 1e6 / (0.8 * lim["1 text x 32 clients"]["limit"])
+    spent = server_cpu + server32["loadgen_cpu_us"]
+    cut = max(0.0, spent - budget)
     return [
         "## What limits it",
         "",
@@ -279,6 +287,17 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "callbacks (receiving, deserialising, sending: the cost the transport ceiling also pays), 9% asyncio's own "
         "task machinery, 24% tokenization and 27% our Python (service and pipeline 12%, batcher 10%, metrics 5%):",
         "",
+        f"- **The CPU budget**: at 0.8 L the server and the load generator, sharing {cores} cores, may spend at most "
+        f"{budget:.0f} CPU-us per single-text request together; in this run they spent {spent:.0f} "
+        f"({server_cpu:.0f} the server, {server32['loadgen_cpu_us']:.0f} the load generator). Even with every core busy "
+        f"the server could not reach 0.8 L without cutting about {cut:.0f} us per request; "
+        f"tokenization and all of our per-request Python together cost about {OUR_PYTHON_US} us ({TOKENIZE_US} and "
+        f"{OUR_PYTHON_US - TOKENIZE_US} us: the pipeline and servicer driven without gRPC, one text per request, "
+        f"32 concurrent callers, measured separately): the cut needed is {cut / OUR_PYTHON_US:.1f} times all of it. "
+        "The event "
+        "loop is also the one thread every request passes through, and it holds the GIL: the kernel's scheduler "
+        "statistics (`/proc/PID/task/TID/schedstat`, 4 s at 32 clients) showed it busy 0.66 of a core and waiting "
+        "for a core another 0.24 s per second, behind ONNX Runtime's threads and the load generator.",
         "- **Tokenization on the event loop**: the held-out texts average 133 characters and cost 66 us each to "
         "tokenize one at a time (47 us per text in one `encode` call over all 3,000; measured separately). The "
         "transport ceiling does not tokenize.",
@@ -301,15 +320,15 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "",
         *compute_bound_limits(r),
         "What was tried, measured as A/B runs on this machine at 32 single-text clients, alternating the variants "
-        "(the machine drifts by +-30% between runs, so each cell is a range over rounds). Rows marked *earlier* were "
-        "measured in the previous session of this round, when the CPU token budget was still 16384; the others in "
-        "the session that produced this file:",
+        "(the machine drifts by +-30% between runs, so each cell is a range over rounds). Rows marked *stop 18* were "
+        "measured in the session that produced this file; the others in earlier sessions of this round (those marked "
+        "*earlier* while the CPU token budget was still 16384):",
         "",
         "| change | before | after | kept |",
         "|---|---|---|---|",
         "| ONNX Runtime threads stop spinning (`--intra-op-spinning false`), *earlier* | 614-652 texts/s, "
         "2.6-2.8 server CPU-ms per request | 797-1141 texts/s, 1.4-1.8 CPU-ms | yes |",
-        "| the same, this session, 2 rounds of 6 s | spinning on: 843 and 832 texts/s, 2.05-2.12 CPU-ms per "
+        "| the same, a later session, 2 rounds of 6 s | spinning on: 843 and 832 texts/s, 2.05-2.12 CPU-ms per "
         "request | off: 844 and 914 texts/s, 1.58-1.70 CPU-ms | yes: equal or better throughput for a quarter less CPU |",
         "| and `--intra-op-threads 1`, *earlier* | 797-1141 | 821-882 | no |",
         "| token budget per batch on the CPU 16384 -> 2048 | raw ONNX Runtime on the batcher's batches: 1.5 M model "
@@ -326,12 +345,25 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "| response rows via `extend`, *earlier* | 17 us per batch | 58 us | no |",
         "| MiniLM-sized model: spinning on, 2 rounds of 6 s at 32 clients | off: 158 and 147 texts/s | on: 162 and "
         "174 texts/s | yes, there (`--intra-op-spinning true`) |",
+        "| small batches (<= 64 padded tokens) run on the event loop when the backend is idle and nothing else waits, "
+        "*stop 18*, 2 rounds of 4-5 s | one client p50 1.98, 1.82, 2.16, 1.86 ms; 32 clients 1258, 1207 texts/s | "
+        "1.67, 1.68, 1.87, 1.61 ms; 1276, 1269 texts/s | no: 0.2-0.3 ms, short of the 1 ms target, and a backend "
+        "that hangs would then freeze the event loop (health, drain, SIGTERM), which the batcher's design rules out |",
+        "| the same with `--intra-op-threads 1`, *stop 18* | one client p50 as above | 1.52 and 1.68 ms; 32 clients "
+        "1213, 1186 texts/s | no (same reason) |",
+        "| two batches in flight, one intra-op thread each (as Triton's instance count 2), *stop 18*, 2 rounds | "
+        "1x32: 1261, 1251; 1x128: 1447, 1411; 8x16: 2006, 1922 texts/s | 1121, 1143; 1289, 1190; 2321, 2122 | no: "
+        "8 texts per request gains 10-15% but single texts lose 8-15% (smaller batches, more per-batch Python on the "
+        "event loop) |",
+        "| `--intra-op-threads 1` alone, *stop 18*, scheduler statistics | 1192 texts/s, ONNX Runtime threads 652 "
+        "CPU-us per text | 1049 texts/s, 520 CPU-us | no: less CPU, but the event loop, not the cores, sets the pace |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
         "in one pass on the loop. What would move the single-text figures further is cutting per-request Python: "
         "a compiled front end (as text-embeddings-inference's Rust router) or tokenizing in a separate process; "
-        "both change the architecture and were not attempted in this round.",
+        "both change the architecture and were not attempted in this round (the CPU budget above is why nothing "
+        "smaller can close the gap on this machine).",
         "",
     ]
 

@@ -35,6 +35,11 @@ def similarity_matching_loss(student: torch.Tensor, teacher: torch.Tensor) -> to
     return F.mse_loss(s @ s.T, t @ t.T)
 
 
+def projection_loss(projected: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """1 - cosine between the student's rows mapped to the teacher's width and the teacher's. (N, D) each."""
+    return (1 - F.cosine_similarity(projected, teacher, dim=-1)).mean()
+
+
 def cache_key(teacher_dir: Path, texts: Sequence[str]) -> str:
     manifest = json.loads((teacher_dir / "manifest.json").read_text())
     digest = hashlib.sha256()

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
-from model.distill import similarity_matching_loss, teacher_embeddings
+from model.distill import projection_loss, similarity_matching_loss, teacher_embeddings
 from model.tokenizer import pad_id, save_tokenizer, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
 
@@ -54,6 +54,8 @@ class TrainConfig:
     progress: bool = True
     teacher_dir: str = ""  # an exported teacher (make export-pretrained) to distil from; "" = InfoNCE only
     distill_weight: float = 10.0  # weight of the similarity-matching loss next to InfoNCE
+    # similarity: match the in-batch cosine matrices | projection: cosine to the teacher through a linear head
+    distill_loss: str = "similarity"
     # An exported reference model for the evaluation only: its own held-out row and the outside-WordNet check.
     reference_dir: str = ""
     outside_sentences: int = 3000  # standard-library docstring lines for the outside-WordNet check
@@ -253,7 +255,12 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     bf16 = use_bf16(config.bf16)
     task = held_out_task(held_out)
     untrained = model_scores(model, tokenizer, task)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    parameters = list(model.parameters())
+    head: torch.nn.Linear | None = None
+    if teacher is not None and config.distill_loss == "projection":
+        head = torch.nn.Linear(model_config.d_model, teacher.shape[1], bias=False)  # training only, not exported
+        parameters += list(head.parameters())
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
     rng = random.Random(config.seed)
     batches: list[list[int]] = []
     losses: list[float] = []
@@ -277,10 +284,13 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
             targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
             student = torch.cat([a, p]).float()  # (2B, C)
-            loss = loss + config.distill_weight * similarity_matching_loss(student, targets)
+            if head is not None:
+                loss = loss + config.distill_weight * projection_loss(head(student), targets)
+            else:
+                loss = loss + config.distill_weight * similarity_matching_loss(student, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
@@ -311,6 +321,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "final_loss": float(np.mean(losses[-20:])) if losses else None,
         "train_seconds": round(time.perf_counter() - started, 1),
         "distill_weight": config.distill_weight if config.teacher_dir else 0.0,
+        "distill_loss": config.distill_loss if config.teacher_dir else "",
         **teacher_summary,
         "outside_wordnet": outside,
         "model_sizes": sizes,
@@ -429,6 +440,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "auto (minilm when the pretrained extra is installed) | DIR (an exported teacher)",
     )
     parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
+    parser.add_argument("--distill-loss", choices=("similarity", "projection"), default=defaults.distill_loss)
+    parser.add_argument("--d-model", type=int, default=defaults.model.d_model)
+    parser.add_argument("--layers", type=int, default=defaults.model.n_layers)
+    parser.add_argument("--d-ff", type=int, default=defaults.model.d_ff)
     args = parser.parse_args(argv)
     teacher_dir = resolve_teacher(args.teacher, Path(args.out_dir))
     config = replace(
@@ -443,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         teacher_dir=teacher_dir,
         reference_dir=teacher_dir or exported_minilm(Path(args.out_dir)),
         distill_weight=args.distill_weight,
+        distill_loss=args.distill_loss,
+        model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
     result = train(config)
     path = save_checkpoint(result, config.out_dir)

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from model.distill import flops_per_token, similarity_matching_loss
+from model.distill import flops_per_token, projection_loss, similarity_matching_loss
 from model.train import TrainConfig, resolve_teacher, train
 from tests.conftest import tiny_train_config
 
@@ -17,6 +18,13 @@ def test_similarity_matching_ignores_width_and_sees_structure() -> None:
     assert similarity_matching_loss(same_structure, teacher).item() == pytest.approx(0.0, abs=1e-7)
     shuffled = same_structure[torch.randperm(12)]
     assert similarity_matching_loss(shuffled, teacher).item() > 0.05
+
+
+def test_projection_loss_is_cosine_to_the_teacher() -> None:
+    torch.manual_seed(0)
+    teacher = torch.randn(6, 8)
+    assert projection_loss(3 * teacher, teacher).item() == pytest.approx(0.0, abs=1e-6)  # scale does not matter
+    assert projection_loss(-teacher, teacher).item() == pytest.approx(2.0, abs=1e-6)
 
 
 def test_flops_per_token_of_minilm() -> None:
@@ -41,6 +49,11 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(tiny_bert_art
     assert outside["reference"] == "test/tiny-bert" and outside["pairs"] == 500 and -1 <= outside["spearman"] <= 1
     plain = train(tiny_config(tmp_path))
     assert "teacher" not in plain.summary and plain.losses != first.losses
+    matched = train(replace(config, distill_weight=1.0))
+    projected = train(replace(config, distill_loss="projection", distill_weight=1.0))
+    assert projected.losses != matched.losses and projected.summary["distill_loss"] == "projection"
+    # The head that maps the student to the teacher's width is for training only: the model is the plain encoder.
+    assert projected.model.state_dict().keys() == plain.model.state_dict().keys()
 
 
 def test_teacher_choice(tmp_path: Path) -> None:
