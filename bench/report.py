@@ -355,15 +355,21 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "1x32: 1261, 1251; 1x128: 1447, 1411; 8x16: 2006, 1922 texts/s | 1121, 1143; 1289, 1190; 2321, 2122 | no: "
         "8 texts per request gains 10-15% but single texts lose 8-15% (smaller batches, more per-batch Python on the "
         "event loop) |",
+        "| no tokenization on the event loop at all (every text tokenized at start and looked up: the upper bound "
+        "of a tokenizer thread or of tokenizing in the batch stage), *stop 18*, 2 rounds of 5 s | 1x32: 874, 1196; "
+        "8x16: 1518, 1628 texts/s; event loop 522-759 CPU-us per request | 989, 1128; 1721, 1590; 439-493 CPU-us | "
+        "no: 83 us less on the event loop per request, but throughput within the round-to-round drift, so no "
+        "tokenization stage was built |",
         "| `--intra-op-threads 1` alone, *stop 18*, scheduler statistics | 1192 texts/s, ONNX Runtime threads 652 "
         "CPU-us per text | 1049 texts/s, 520 CPU-us | no: less CPU, but the event loop, not the cores, sets the pace |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
-        "in one pass on the loop. What would move the single-text figures further is cutting per-request Python: "
-        "a compiled front end (as text-embeddings-inference's Rust router) or tokenizing in a separate process; "
-        "both change the architecture and were not attempted in this round (the CPU budget above is why nothing "
-        "smaller can close the gap on this machine).",
+        "in one pass on the loop. What would move the single-text figures further is cutting the CPU each request "
+        "costs in total, not moving it between threads (the tokenization row above): a compiled front end that "
+        "does gRPC, tokenization and batching outside Python, as text-embeddings-inference's Rust router does. "
+        "That changes the architecture and was not attempted in this round; the CPU budget above is why nothing "
+        "smaller can close the gap on this machine.",
         "",
     ]
 
