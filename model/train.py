@@ -34,6 +34,9 @@ from model.transformer import Encoder, EncoderConfig
 CHECKPOINT = "checkpoint.pt"
 
 
+DISTILL_LOSSES = ("similarity", "projection")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     wordnet_dir: str = str(DEFAULT_WORDNET_DIR)
@@ -62,6 +65,10 @@ class TrainConfig:
     outside_pairs: int = 5000
     # Dropout off: a brief run sees each pair about once, so there is nothing to overfit yet.
     model: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
+
+    def __post_init__(self) -> None:
+        if self.distill_loss not in DISTILL_LOSSES:
+            raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}, not {self.distill_loss!r}")
 
 
 @dataclass(frozen=True)
@@ -440,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "auto (minilm when the pretrained extra is installed) | DIR (an exported teacher)",
     )
     parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
-    parser.add_argument("--distill-loss", choices=("similarity", "projection"), default=defaults.distill_loss)
+    parser.add_argument("--distill-loss", choices=DISTILL_LOSSES, default=defaults.distill_loss)
     parser.add_argument("--d-model", type=int, default=defaults.model.d_model)
     parser.add_argument("--layers", type=int, default=defaults.model.n_layers)
     parser.add_argument("--d-ff", type=int, default=defaults.model.d_ff)

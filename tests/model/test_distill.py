@@ -56,6 +56,11 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(tiny_bert_art
     assert projected.model.state_dict().keys() == plain.model.state_dict().keys()
 
 
+def test_an_unknown_distillation_loss_is_refused() -> None:
+    with pytest.raises(ValueError, match="distill_loss must be one of"):
+        TrainConfig(distill_loss="kl")
+
+
 def test_teacher_choice(tmp_path: Path) -> None:
     assert resolve_teacher("none", tmp_path) == ""
     with pytest.raises(SystemExit, match="no exported model there"):
