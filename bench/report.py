@@ -360,6 +360,10 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "8x16: 1518, 1628 texts/s; event loop 522-759 CPU-us per request | 989, 1128; 1721, 1590; 439-493 CPU-us | "
         "no: 83 us less on the event loop per request, but throughput within the round-to-round drift, so no "
         "tokenization stage was built |",
+        "| ONNX Runtime's threads at a lower priority (nice 5 and 10, set on the inference thread and inherited by "
+        "the intra-op pool) so that the event loop never waits for a core behind them, *stop 18*, 2 rounds of 5 s | "
+        "1x32: 868, 895; 1x128: 892, 1227 texts/s | nice 5: 868, 886; 1010, 1095. nice 10: 869, 948; 1129, 1087 | "
+        "no: within the drift |",
         "| `--intra-op-threads 1` alone, *stop 18*, scheduler statistics | 1192 texts/s, ONNX Runtime threads 652 "
         "CPU-us per text | 1049 texts/s, 520 CPU-us | no: less CPU, but the event loop, not the cores, sets the pace |",
         "",
