@@ -320,7 +320,8 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "",
         *compute_bound_limits(r),
         "What was tried, measured as A/B runs on this machine at 32 single-text clients, alternating the variants "
-        "(the machine drifts by +-30% between runs, so each cell is a range over rounds). Rows marked *stop 18* were "
+        "(the machine drifts by +-30% between runs, so each cell is a range over rounds; `python -m bench.ab` runs "
+        "such comparisons). Rows marked *stop 18* were "
         "measured in the session that produced this file; the others in earlier sessions of this round (those marked "
         "*earlier* while the CPU token budget was still 16384):",
         "",

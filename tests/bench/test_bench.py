@@ -93,6 +93,43 @@ def test_transport_ceiling_server_answers_each_input_with_a_fixed_vector(tmp_pat
     assert result["server_main_thread_cpu_us"] > 0 and result["loadgen_cpu_us"] > 0
 
 
+def test_ab_runs_alternate_the_variants_and_pass_their_flags(tiny_artifacts: Path, tmp_path: Path) -> None:
+    from bench.ab import main
+
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    out = tmp_path / "ab.json"
+    # The second variant refuses two-text requests: its flags must reach its server for that to show.
+    variants = ["--variant", "base=", "--variant", "one-input=--max-client-batch-size 1"]
+    run = ["--levels", "2x2", "--rounds", "2", "--duration", "0.5", "--model-dir", str(tiny_artifacts)]
+    main([*variants, *run, "--texts", str(texts), "--json", str(out)])
+    measured = json.loads(out.read_text())
+    order = [(m["round"], m["variant"], m["level"]) for m in measured]
+    assert order == [(0, "base", "2x2"), (0, "one-input", "2x2"), (1, "base", "2x2"), (1, "one-input", "2x2")]
+    for m in measured:
+        if m["variant"] == "base":
+            assert m["errors"] == 0 and m["requests"] > 0 and m["server_cpu_us"] > 0
+        else:
+            assert m["requests"] == 0 and m["errors"] > 0
+
+
+def test_ab_arguments_are_checked() -> None:
+    import argparse
+
+    import pytest
+
+    from bench.ab import parse_levels, parse_variant
+
+    assert parse_variant("t1=--intra-op-threads 1").flags == ["--intra-op-threads", "1"]
+    assert parse_variant("base=").flags == []
+    assert [str(level) for level in parse_levels("1x1, 32x1,16x8")] == ["1x1", "32x1", "16x8"]
+    for bad in ("32", "0x1", "ax1", "32x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_levels(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_variant("no-equals-sign")
+
+
 def test_serial_limit_adds_the_two_costs_per_text() -> None:
     from bench.measure import serial_limit
 
