@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ import numpy as np
 
 from bench import compute_bound
 from bench.measure import (
+    TRAFFIC_TEXTS,
     ModelShape,
     load_sweep,
     matmul_peak_flops,
@@ -32,11 +32,11 @@ from bench.measure import (
     per_batch_latency,
     plan_batches,
     time_batches,
+    traffic,
     transport_server,
 )
 from bench.report import targets, write_report
 from loadtest.run import local_server
-from loadtest.texts import load_pool
 from server.batcher import BatchPolicy
 from server.config import ServerConfig
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
@@ -51,7 +51,6 @@ COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding 
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
 COMPUTE_BOUND_FLAGS = ["--intra-op-spinning", "true"]
 WORKERS = 2
-N_TEXTS = 3000
 
 
 def cpu_name() -> str:
@@ -183,9 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
     config = manifest["config"]
     shape = ModelShape(config["n_layers"], config["d_model"], config["d_ff"])
-    rng = random.Random(0)
-    pool = load_pool()
-    texts = pool.mixed(rng, N_TEXTS)
+    texts = traffic()
     tokenizer = TextTokenizer(args.model_dir / "tokenizer.json")
     rows = tokenizer.encode(texts, truncate=True).rows
     options = RuntimeOptions(provider=args.provider, spinning=True)
@@ -303,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_batch_size": policy.max_batch_size,
         "max_queue_tokens": policy.max_queue_tokens,
         "max_delay_ms": defaults.max_delay_ms,
-        "texts": N_TEXTS,
+        "texts": TRAFFIC_TEXTS,
         "duration_per_level_s": args.duration,
     }
     results["bench_seconds"] = time.time() - started

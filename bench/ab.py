@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import io
 import json
-import random
 import shlex
 import tempfile
 from collections.abc import Sequence
@@ -24,11 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.measure import load_sweep
+from bench.measure import load_sweep, traffic
 from loadtest.run import local_server
-from loadtest.texts import load_pool
-
-N_TEXTS = 3000  # the benchmark's traffic: held-out WordNet texts in its length mix
 
 
 @dataclass(frozen=True)
@@ -66,13 +62,12 @@ def parse_levels(spec: str) -> list[Level]:
 
 
 def summary_line(variant: str, level: Level, results: Sequence[dict[str, Any]]) -> str:
-    def spread(key: str, digits: int = 0) -> str:
-        values = [r[key] for r in results]
-        return ", ".join(f"{v:.{digits}f}" for v in values)
+    def rounds(key: str, digits: int = 0) -> str:
+        return ", ".join(f"{r[key]:.{digits}f}" for r in results)
 
     return (
-        f"{variant} {level}: texts/s {spread('texts_per_second')}; p50 ms {spread('p50_ms', 2)}; "
-        f"server CPU-us per request {spread('server_cpu_us')}"
+        f"{variant} {level}: texts/s {rounds('texts_per_second')}; p50 ms {rounds('p50_ms', 2)}; "
+        f"server CPU-us per request {rounds('server_cpu_us')}"
     )
 
 
@@ -84,7 +79,7 @@ def run(
     model_dir: str,
     texts: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    texts = texts or load_pool().mixed(random.Random(0), N_TEXTS)
+    texts = texts or traffic()
     measured: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         texts_file = Path(tmp) / "texts.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAFFIC_TEXTS = 3000  # held-out WordNet texts in the benchmark's length mix
 SETTLE_SECONDS = 0.3  # idle before each timed block (see interleaved_medians)
 
 
@@ -48,6 +50,13 @@ class BatchRecorder(BatchObserver):
     @property
     def waste(self) -> float:
         return (self.padded - self.real) / self.padded
+
+
+def traffic(n: int = TRAFFIC_TEXTS) -> list[str]:
+    """The benchmark's texts: the same n held-out WordNet texts, in its length mix, on every call."""
+    from loadtest.texts import load_pool
+
+    return load_pool().mixed(random.Random(0), n)
 
 
 def plan_batches(rows: Sequence[np.ndarray], policy: BatchPolicy) -> list[list[np.ndarray]]:

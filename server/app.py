@@ -35,6 +35,7 @@ log = logging.getLogger("server")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 PROBE_TEXT = "backend probe"
+SERVER_HEALTH_NAMES = ("", SERVICE_NAME, INFERENCE_SERVICE_NAME)  # follow every model's backend
 
 
 class EmbeddingServer:
@@ -108,7 +109,7 @@ class EmbeddingServer:
         return self.default.batcher
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        for name in ("", SERVICE_NAME, INFERENCE_SERVICE_NAME):
+        for name in SERVER_HEALTH_NAMES:
             await self.health.set(name, status)
         for name in self.state.models:
             await self.health.set(f"model/{name}", status)
@@ -124,7 +125,7 @@ class EmbeddingServer:
 
         async def update() -> None:
             server_status = SERVING if not self._unhealthy else NOT_SERVING
-            for name in ("", SERVICE_NAME, INFERENCE_SERVICE_NAME):
+            for name in SERVER_HEALTH_NAMES:
                 await self.health.set(name, server_status)
             await self.health.set(f"model/{model}", SERVING if healthy else NOT_SERVING)
 

@@ -170,9 +170,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             help=f"(env {env_name(f.name)}; default {f.default})",
         )
     flags = vars(parser.parse_args(argv))
-    if "model" in flags:
-        flags["model"] = tuple(flags["model"])
-    given.update(flags)
+    given.update({name: tuple(v) if isinstance(v, list) else v for name, v in flags.items()})
     if "auth_token" in given and not str(given["auth_token"]).strip():
         # Set but empty (an empty secret): that is a broken deployment, not a request to turn auth off.
         parser.error(f"--auth-token / {env_name('auth_token')} is set but empty: refusing to serve without a token")

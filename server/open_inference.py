@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import struct
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +30,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from server.errors import InvalidInput
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
-from server.service import Call, RpcAccounting, lenient
+from server.service import Call, RpcAccounting, deadline_of, lenient
 
 DESCRIPTOR_SET = Path(__file__).parent / "_proto" / "open_inference_grpc.binpb"
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -140,6 +139,11 @@ def token_rows(ids: np.ndarray, mask: np.ndarray, model: ServedModel) -> list[np
     return [np.ascontiguousarray(ids[i, : lengths[i]]) for i in range(ids.shape[0])]
 
 
+def _answers_to(model: ServedModel, version: str) -> bool:
+    """ "" (any), the manifest's version, or the Triton repository's version folder."""
+    return version in ("", model.info.model_version, TRITON_VERSION)
+
+
 def _bool_parameter(request: Any, name: str, default: bool) -> bool:
     if name not in request.parameters:
         return default
@@ -184,7 +188,7 @@ class OpenInferenceService(RpcAccounting):
         model = self.state.find(request.name) if request.name and self.state.ready else None
         if model is not None:
             call.model = model.name
-        ready = model is not None and request.version in ("", model.info.model_version, TRITON_VERSION)
+        ready = model is not None and _answers_to(model, request.version)
         return pb.ModelReadyResponse(ready=ready)
 
     async def _server_metadata(self, call: Call) -> Any:
@@ -193,7 +197,7 @@ class OpenInferenceService(RpcAccounting):
     def _model(self, request: Any, call: Call, name_field: str, version_field: str) -> ServedModel:
         model = self._admit(request, call, name_field)
         version = getattr(request, version_field)
-        if version not in ("", model.info.model_version, TRITON_VERSION):
+        if not _answers_to(model, version):
             raise InvalidInput(
                 f"model {model.name!r} has version {model.info.model_version!r} (or {TRITON_VERSION!r}, "
                 f"the Triton repository's), not {version!r}"
@@ -234,8 +238,7 @@ class OpenInferenceService(RpcAccounting):
         tensors = {t.name: (t, raw[i] if raw else None) for i, t in enumerate(inputs)}
         if len(tensors) != len(inputs):
             raise InvalidInput("an input name appears twice")
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
+        deadline = deadline_of(context)
         if set(tensors) == {TEXT_INPUT}:
             texts = decode_text(*tensors[TEXT_INPUT])
             normalize = _bool_parameter(request, "normalize", True)

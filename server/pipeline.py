@@ -48,6 +48,13 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
+def check_count(n: int, limits: Limits) -> None:
+    if n > limits.max_client_batch_size:
+        raise InvalidInput(
+            f"{n} inputs, more than max_client_batch_size={limits.max_client_batch_size}; split the request"
+        )
+
+
 def validate(texts: Sequence[str], limits: Limits, prepare: Callable[[str], str] = str) -> list[str]:
     """Cheap checks before any tokenization, in one pass; messages name the offending input.
 
@@ -56,10 +63,7 @@ def validate(texts: Sequence[str], limits: Limits, prepare: Callable[[str], str]
     """
     if not texts:
         raise InvalidInput("inputs is empty: send at least one text")
-    if len(texts) > limits.max_client_batch_size:
-        raise InvalidInput(
-            f"{len(texts)} inputs, more than max_client_batch_size={limits.max_client_batch_size}; split the request"
-        )
+    check_count(len(texts), limits)
     prepared = []
     for i, text in enumerate(texts):
         if not text or text.isspace():
@@ -104,16 +108,14 @@ class Pipeline:
         return await self._compute(encoded.rows, encoded.truncated, normalize, deadline, tokenize_seconds)
 
     async def embed_rows(self, rows: list[np.ndarray], normalize: bool, deadline: float | None) -> Embedded:
-        """At least one token id row (special tokens included, no padding), checked by the caller."""
-        if len(rows) > self.limits.max_client_batch_size:
-            raise InvalidInput(
-                f"{len(rows)} inputs, more than max_client_batch_size={self.limits.max_client_batch_size}; "
-                "split the request"
-            )
-        self._admit(sum(len(r) for r in rows), len(rows))
+        """At least one token id row (special tokens included, no padding), checked by the caller.
+
+        Nothing to tokenize, so the batcher's own admission (on the rows' real tokens) is the only one.
+        """
+        check_count(len(rows), self.limits)
         return await self._compute(rows, [], normalize, deadline, 0.0)
 
-    def _admit(self, min_tokens: int, n: int) -> None:
+    def _admit(self, min_tokens: int, n: int) -> None:  # before tokenization: the shortest possible request
         """Refuse before paying for tokenization when the queue cannot take even the shortest version."""
         policy = self.batcher.policy
         if min_tokens > policy.max_queue_tokens:

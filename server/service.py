@@ -123,6 +123,12 @@ def to_response(result: Embedded, total_seconds: float, model: str) -> embedding
     )
 
 
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline on time.monotonic's clock (the batcher's), or None when it has none."""
+    remaining = context.time_remaining()
+    return time.monotonic() + remaining if remaining is not None else None
+
+
 def describe(info: ModelInfo, message: Any) -> None:
     """The fields InfoResponse and ModelDescription share, from one model's info."""
     for field in DESCRIBED_FIELDS:
@@ -233,8 +239,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
     ) -> embedding_pb2.EmbedResponse:
         model = self._admit(request, call)
         started = time.perf_counter()
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
+        deadline = deadline_of(context)
         normalize = request.normalize if request.HasField("normalize") else True
         # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
         result = await model.pipeline.embed(request.inputs, request.truncate, normalize, deadline)
