@@ -40,12 +40,10 @@ def projection_loss(projected: torch.Tensor, teacher: torch.Tensor) -> torch.Ten
     return (1 - F.cosine_similarity(projected, teacher, dim=-1)).mean()
 
 
-def cache_key(teacher_dir: Path, texts: Sequence[str]) -> str:
+def cache_key(teacher_dir: Path, texts: Sequence[str], max_tokens: int, precision: str, dtype: str) -> str:
     manifest = json.loads((teacher_dir / "manifest.json").read_text())
     digest = hashlib.sha256()
-    digest.update(
-        f"{manifest['model_id']}|{manifest['model_version']}|{TEACHER_PRECISION}|{TEACHER_MAX_TOKENS}".encode()
-    )
+    digest.update(f"{manifest['model_id']}|{manifest['model_version']}|{precision}|{max_tokens}|{dtype}".encode())
     for text in texts:
         digest.update(text.encode())
         digest.update(b"\0")
@@ -76,18 +74,25 @@ def run_teacher(
 
 
 def teacher_embeddings(
-    teacher_dir: Path, texts: Sequence[str], cache_dir: Path
+    teacher_dir: Path,
+    texts: Sequence[str],
+    cache_dir: Path,
+    max_tokens: int = TEACHER_MAX_TOKENS,
+    precision: str = TEACHER_PRECISION,
+    dtype: str = "float16",
 ) -> tuple[np.ndarray, dict[str, object]]:
-    """The teacher's embeddings of texts, from the cache when it holds them. Returns them and a summary."""
-    path = cache_dir / f"teacher-{cache_key(teacher_dir, texts)}.npy"
+    """The teacher's embeddings of texts, from the cache when it holds them. Returns them and a summary.
+    Stored as dtype (float16 halves the disk for training targets; float32 keeps evaluations exact) and used
+    as stored, so a first and a repeat run give identical results."""
+    path = cache_dir / f"teacher-{cache_key(teacher_dir, texts, max_tokens, precision, dtype)}.npy"
     started = time.perf_counter()
     if path.is_file():
-        embeddings, cached = np.load(path).astype(np.float32), True
+        embeddings, cached = np.load(path), True
     else:
-        # Stored as float16 (half the disk) and used as stored, so a first and a repeat run train identically.
-        embeddings, cached = run_teacher(teacher_dir, texts).astype(np.float16).astype(np.float32), False
+        embeddings, cached = run_teacher(teacher_dir, texts, max_tokens, precision).astype(dtype), False
         cache_dir.mkdir(parents=True, exist_ok=True)
-        np.save(path, embeddings.astype(np.float16))
+        np.save(path, embeddings)
+    embeddings = embeddings.astype(np.float32)
     teacher_id = json.loads((teacher_dir / "manifest.json").read_text())["model_id"]
     summary = {
         "teacher": teacher_id,
@@ -96,6 +101,24 @@ def teacher_embeddings(
         "teacher_seconds": round(time.perf_counter() - started, 1),
     }
     return embeddings, summary
+
+
+def token_strings(vocab: Sequence[str]) -> list[str]:
+    """The text of each WordPiece token: a continuation piece ("##ing") without its marker."""
+    return [t[2:] if t.startswith("##") and len(t) > 2 else t for t in vocab]
+
+
+def teacher_token_init(teacher_embeddings_of_tokens: np.ndarray, width: int) -> np.ndarray:
+    """Token-embedding rows for a student of this width from the teacher's embedding of each token alone
+    (as model2vec distils a static model): centred, reduced by PCA to width, scaled to a mean row norm of 1,
+    the norm of the encoder's random initialisation. Columns past the teacher's own width stay zero.
+    (V, D) -> (V, width)."""
+    centred = teacher_embeddings_of_tokens - teacher_embeddings_of_tokens.mean(axis=0)
+    _, _, components = np.linalg.svd(centred, full_matrices=False)  # rows: directions of most variance first
+    kept = components[:width]
+    reduced = np.zeros((len(centred), width), dtype=np.float64)
+    reduced[:, : len(kept)] = centred @ kept.T
+    return (reduced / np.linalg.norm(reduced, axis=1).mean()).astype(np.float32)
 
 
 def flops_per_token(n_layers: int, d_model: int, d_ff: int) -> int:

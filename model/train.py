@@ -27,7 +27,13 @@ from tqdm import tqdm
 
 from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
-from model.distill import projection_loss, similarity_matching_loss, teacher_embeddings
+from model.distill import (
+    projection_loss,
+    similarity_matching_loss,
+    teacher_embeddings,
+    teacher_token_init,
+    token_strings,
+)
 from model.tokenizer import pad_id, save_tokenizer, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
 
@@ -59,6 +65,7 @@ class TrainConfig:
     distill_weight: float = 30.0  # of the distillation loss next to InfoNCE; 3, 10, 30, 100 measured (README)
     # similarity: match the in-batch cosine matrices | projection: cosine to the teacher through a linear head
     distill_loss: str = "similarity"
+    teacher_init: bool = True  # start the student's token embeddings from the teacher's (PCA of each token alone)
     # An exported reference model for the evaluation only: its own held-out row and the outside-WordNet check.
     reference_dir: str = ""
     outside_sentences: int = 3000  # standard-library docstring lines for the outside-WordNet check
@@ -109,14 +116,13 @@ def pad_batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
-    encodings = tokenizer.encode_batch(list(texts))
-    rows = []
-    for e in encodings:
-        ids = [i for i, m in zip(e.ids, e.attention_mask, strict=True) if m]
-        if len(ids) > max_len:  # keep [SEP] last after the shorter training truncation
-            ids = ids[: max_len - 1] + ids[-1:]
-        rows.append(ids)
-    return rows
+    """Token ids of each text, unpadded, truncated to max_len (or the tokenizer's own limit, if lower)
+    with [SEP] kept last."""
+    unpadded = Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's settings stay as they are
+    unpadded.no_padding()
+    limit = min(max_len, (tokenizer.truncation or {}).get("max_length", max_len))
+    unpadded.enable_truncation(limit)  # truncation leaves room for the template's [CLS] and [SEP]
+    return [e.ids for e in unpadded.encode_batch(list(texts))]
 
 
 def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -142,7 +148,11 @@ def embed(model: Encoder, rows: Sequence[Sequence[int]], pad: int, batch_size: i
 
 def retrieval_scores(queries: np.ndarray, docs: np.ndarray, targets: Sequence[int]) -> RetrievalScores:
     """queries (Q, D) and docs (N, D) L2-normalised; targets[q] is the index of q's correct doc."""
-    sims = queries @ docs.T  # (Q, N)
+    return ranked_scores(queries @ docs.T, targets)
+
+
+def ranked_scores(sims: np.ndarray, targets: Sequence[int]) -> RetrievalScores:
+    """sims (Q, N): each query's similarity to every doc; targets[q] is the index of q's correct doc."""
     target_sims = sims[np.arange(len(targets)), targets]
     ranks = (sims > target_sims[:, None]).sum(axis=1) + 1  # 1 = best; ties count in the query's favour
     return RetrievalScores(
@@ -172,9 +182,9 @@ def tfidf_scores(task: HeldOutTask, fit_texts: Sequence[str]) -> RetrievalScores
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     vectorizer = TfidfVectorizer(lowercase=True, sublinear_tf=True).fit(fit_texts)
-    q = vectorizer.transform(task.queries).toarray().astype(np.float32)
-    d = vectorizer.transform(task.docs).toarray().astype(np.float32)
-    return retrieval_scores(q, d, task.targets)
+    q = vectorizer.transform(task.queries).astype(np.float32)  # sparse rows, L2-normalised by the vectorizer
+    d = vectorizer.transform(task.docs).astype(np.float32)
+    return ranked_scores((q @ d.T).toarray(), task.targets)  # dense rows over the vocabulary would take GBs
 
 
 def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask) -> RetrievalScores:
@@ -185,32 +195,32 @@ def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask) -> Ret
     return retrieval_scores(q, d, task.targets)
 
 
-def teacher_scores(teacher_dir: Path, task: HeldOutTask) -> RetrievalScores:
-    """The teacher on the same held-out task, fp32 at its full max length (as it is served)."""
-    from model.distill import run_teacher
-
-    max_len = json.loads((teacher_dir / "manifest.json").read_text())["max_length"]
-    q = run_teacher(teacher_dir, task.queries, max_len, "fp32")
-    d = run_teacher(teacher_dir, task.docs, max_len, "fp32")
-    return retrieval_scores(q, d, task.targets)
+def reference_embedder(reference: Path, cache_dir: Path) -> Callable[[Sequence[str]], np.ndarray]:
+    """The reference model's embeddings as it is served (fp32, its full max length), cached for repeat runs."""
+    max_len = json.loads((reference / "manifest.json").read_text())["max_length"]
+    return lambda texts: teacher_embeddings(reference, texts, cache_dir, max_len, "fp32", "float32")[0]
 
 
-def outside_wordnet(model: Encoder, tokenizer: Tokenizer, reference: Path, config: TrainConfig) -> dict[str, object]:
+def teacher_scores(embed_texts: Callable[[Sequence[str]], np.ndarray], task: HeldOutTask) -> RetrievalScores:
+    """The teacher on the same held-out task."""
+    return retrieval_scores(embed_texts(task.queries), embed_texts(task.docs), task.targets)
+
+
+def outside_wordnet(
+    model: Encoder, tokenizer: Tokenizer, reference: Callable[[Sequence[str]], np.ndarray], config: TrainConfig
+) -> dict[str, object]:
     """Spearman between the student's and the reference's cosine similarities on standard-library sentences."""
-    from model.distill import run_teacher
     from model.outside import similarity_agreement, stdlib_sentences
 
     sentences = stdlib_sentences(config.outside_sentences, config.seed)
-    max_len = json.loads((reference / "manifest.json").read_text())["max_length"]
     spearman = similarity_agreement(
         lambda texts: embed(model, encode_texts(tokenizer, texts, model.max_len), pad_id(tokenizer)),
-        lambda texts: run_teacher(reference, texts, max_len, "fp32"),
+        reference,
         sentences,
         config.outside_pairs,
         config.seed,
     )
-    reference_id = json.loads((reference / "manifest.json").read_text())["model_id"]
-    return {"reference": reference_id, "sentences": len(sentences), "pairs": config.outside_pairs, "spearman": spearman}
+    return {"sentences": len(sentences), "pairs": config.outside_pairs, "spearman": spearman}
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -248,17 +258,24 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     index_of = {id(p): i for i, p in enumerate(pairs)}
     pair_length = {id(p): max(len(anchors[i]), len(positives[i])) for i, p in enumerate(pairs)}
 
+    cache_dir = Path(config.out_dir) / "teacher-cache"
     teacher: torch.Tensor | None = None
     teacher_summary: dict[str, object] = {}
     if config.teacher_dir:
         texts = sorted({p.anchor for p in pairs} | {p.positive for p in pairs})
-        cache_dir = Path(config.out_dir) / "teacher-cache"
         embeddings, teacher_summary = teacher_embeddings(Path(config.teacher_dir), texts, cache_dir)
         row_of = {t: i for i, t in enumerate(texts)}
         teacher = torch.from_numpy(embeddings)
         teacher_rows = torch.tensor([[row_of[p.anchor], row_of[p.positive]] for p in pairs])  # (pairs, 2)
 
     model = Encoder(model_config)
+    if config.teacher_dir and config.teacher_init:
+        vocab = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]  # by id
+        token_vectors, _ = teacher_embeddings(Path(config.teacher_dir), token_strings(vocab), cache_dir)
+        init = torch.from_numpy(teacher_token_init(token_vectors, model_config.d_model))
+        with torch.no_grad():
+            model.token_embedding.weight.copy_(init)
+            model.token_embedding.weight[pad].zero_()  # padding stays a zero row, as in the random initialisation
     bf16 = use_bf16(config.bf16)
     task = held_out_task(held_out)
     untrained = model_scores(model, tokenizer, task)
@@ -314,8 +331,10 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         reference = Path(config.reference_dir or config.teacher_dir)
         reference_config = json.loads((reference / "manifest.json").read_text())["config"]
         sizes["teacher"] = model_size(EncoderConfig(**reference_config))
-        evaluation["teacher"] = asdict(teacher_scores(reference, task))
-        outside = outside_wordnet(model, tokenizer, reference, config)
+        reference_embeddings = reference_embedder(reference, cache_dir)
+        evaluation["teacher"] = asdict(teacher_scores(reference_embeddings, task))
+        reference_id = json.loads((reference / "manifest.json").read_text())["model_id"]
+        outside = {"reference": reference_id, **outside_wordnet(model, tokenizer, reference_embeddings, config)}
     summary: dict[str, object] = {
         "steps": config.steps,
         "batch_size": config.batch_size,
@@ -448,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
     parser.add_argument("--distill-loss", choices=DISTILL_LOSSES, default=defaults.distill_loss)
+    parser.add_argument("--no-teacher-init", action="store_true", help="random token embeddings even with a teacher")
+    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
     parser.add_argument("--d-model", type=int, default=defaults.model.d_model)
     parser.add_argument("--layers", type=int, default=defaults.model.n_layers)
     parser.add_argument("--d-ff", type=int, default=defaults.model.d_ff)
@@ -462,10 +483,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         lr=args.lr,
         seed=args.seed,
         threads=args.threads,
+        vocab_size=args.vocab_size,
         teacher_dir=teacher_dir,
         reference_dir=teacher_dir or exported_minilm(Path(args.out_dir)),
         distill_weight=args.distill_weight,
         distill_loss=args.distill_loss,
+        teacher_init=not args.no_teacher_init,
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
     result = train(config)

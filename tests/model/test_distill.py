@@ -3,10 +3,19 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from model.distill import flops_per_token, projection_loss, similarity_matching_loss
+import model.distill
+from model.distill import (
+    flops_per_token,
+    projection_loss,
+    similarity_matching_loss,
+    teacher_embeddings,
+    teacher_token_init,
+    token_strings,
+)
 from model.train import TrainConfig, resolve_teacher, train
 from tests.conftest import tiny_train_config
 
@@ -27,6 +36,24 @@ def test_projection_loss_is_cosine_to_the_teacher() -> None:
     assert projection_loss(-teacher, teacher).item() == pytest.approx(2.0, abs=1e-6)
 
 
+def test_teacher_token_init_keeps_the_teachers_geometry() -> None:
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(50, 4)) @ rng.normal(size=(4, 16))  # rank 4 in 16 dimensions
+    init = teacher_token_init(teacher, 8)
+    assert init.shape == (50, 8) and np.linalg.norm(init, axis=1).mean() == pytest.approx(1.0, rel=1e-5)
+    centred = teacher - teacher.mean(axis=0)
+    # PCA to a width above the rank keeps every pairwise distance, up to the one scale of the init.
+    distances = np.linalg.norm(centred[:, None] - centred[None], axis=-1)
+    init_distances = np.linalg.norm(init[:, None] - init[None], axis=-1)
+    np.testing.assert_allclose(init_distances * (distances.max() / init_distances.max()), distances, atol=1e-4)
+    wider = teacher_token_init(teacher[:, :3], 8)  # wider than the teacher: the extra columns stay zero
+    assert np.all(wider[:, 3:] == 0) and np.any(wider[:, :3] != 0)
+
+
+def test_token_strings_drop_the_continuation_marker() -> None:
+    assert token_strings(["[CLS]", "dog", "##ing", "##"]) == ["[CLS]", "dog", "ing", "##"]
+
+
 def test_flops_per_token_of_minilm() -> None:
     # all-MiniLM-L6-v2: 6 layers, d 384, d_ff 1536 -> 2 x 6 x (4 x 384^2 + 2 x 384 x 1536)
     assert flops_per_token(6, 384, 1536) == 2 * 6 * (589_824 + 1_179_648) == 21_233_664
@@ -36,14 +63,25 @@ def tiny_config(out_dir: Path, teacher_dir: str = "") -> TrainConfig:
     return tiny_train_config(out_dir=str(out_dir), teacher_dir=teacher_dir, outside_sentences=200, outside_pairs=500)
 
 
-def test_distillation_caches_the_teacher_and_changes_the_objective(tiny_bert_artifacts: Path, tmp_path: Path) -> None:
+def test_distillation_caches_the_teacher_and_changes_the_objective(
+    tiny_bert_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tiny_config(tmp_path, str(tiny_bert_artifacts))
     first = train(config)
     assert first.summary["teacher"] == "test/tiny-bert" and first.summary["teacher_cache"] == "computed"
     assert list((tmp_path / "teacher-cache").glob("teacher-*.npy"))
-    second = train(config)
+
+    def no_teacher_runs(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a repeat run ran the teacher")
+
+    monkeypatch.setattr(model.distill, "run_teacher", no_teacher_runs)
+    second = train(config)  # training targets, token init and the evaluation's teacher rows all from the cache
+    monkeypatch.undo()
     assert second.summary["teacher_cache"] == "hit"
     assert second.losses == first.losses  # the cache gives the teacher exactly as first used
+    assert (
+        second.evaluation == first.evaluation and second.summary["outside_wordnet"] == first.summary["outside_wordnet"]
+    )
     assert set(first.evaluation) == {"untrained", "tfidf", "trained", "teacher"}
     outside = first.summary["outside_wordnet"]
     assert outside["reference"] == "test/tiny-bert" and outside["pairs"] == 500 and -1 <= outside["spearman"] <= 1
@@ -54,6 +92,19 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(tiny_bert_art
     assert projected.losses != matched.losses and projected.summary["distill_loss"] == "projection"
     # The head that maps the student to the teacher's width is for training only: the model is the plain encoder.
     assert projected.model.state_dict().keys() == plain.model.state_dict().keys()
+
+
+def test_the_student_starts_from_the_teachers_token_embeddings(tiny_bert_artifacts: Path, tmp_path: Path) -> None:
+    config = replace(tiny_config(tmp_path, str(tiny_bert_artifacts)), steps=0)
+    start = train(config)
+    vocab = [token for token, _ in sorted(start.tokenizer.get_vocab().items(), key=lambda item: item[1])]
+    token_vectors, summary = teacher_embeddings(tiny_bert_artifacts, token_strings(vocab), tmp_path / "teacher-cache")
+    assert summary["teacher_cache"] == "hit"  # the run cached the teacher's view of every token
+    expected = teacher_token_init(token_vectors, config.model.d_model)
+    expected[config.model.pad_id] = 0
+    np.testing.assert_allclose(start.model.token_embedding.weight.detach().numpy(), expected, atol=1e-6)
+    random_start = train(replace(config, teacher_init=False))
+    assert not np.allclose(random_start.model.token_embedding.weight.detach().numpy(), expected, atol=1e-2)
 
 
 def test_an_unknown_distillation_loss_is_refused() -> None:

@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from model.train import TrainConfig, info_nce, lr_at, pad_batch, retrieval_scores, train
+from model.train import (
+    HeldOutTask,
+    TrainConfig,
+    encode_texts,
+    info_nce,
+    lr_at,
+    pad_batch,
+    retrieval_scores,
+    tfidf_scores,
+    train,
+)
 from tests.conftest import tiny_train_config
 
 
@@ -30,6 +40,28 @@ def test_retrieval_scores_on_a_known_ranking() -> None:
     assert scores.recall_at_1 == pytest.approx(2 / 3)
     assert scores.recall_at_10 == 1.0
     assert scores.mrr == pytest.approx((1 + 0.5 + 1) / 3)
+
+
+def test_tfidf_ranks_the_definition_sharing_the_querys_words_first() -> None:
+    task = HeldOutTask(
+        queries=["the dog barked at night", "a cat sat on the warm mat"],
+        docs=["a warm mat where a cat sat", "a dog that barked", "an unrelated text about ships"],
+        targets=[1, 0],
+    )
+    scores = tfidf_scores(task, task.docs + task.queries)
+    assert scores.recall_at_1 == 1.0 and scores.mrr == 1.0
+    swapped = tfidf_scores(HeldOutTask(task.queries, task.docs, [0, 1]), task.docs + task.queries)
+    assert swapped.recall_at_1 == 0.0
+
+
+def test_encode_texts_gives_unpadded_rows_with_sep_last(tiny_training) -> None:
+    tokenizer = tiny_training[0].tokenizer
+    padding_before = tokenizer.padding
+    rows = encode_texts(tokenizer, ["a dog", "a dog that barked at the moon all night long"], max_len=6)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    assert rows[0] == tokenizer.encode("a dog").ids[: len(rows[0])] and len(rows[0]) < 6  # no padding
+    assert len(rows[1]) == 6 and rows[1][0] == cls and rows[1][-1] == sep  # cut to 6, [SEP] still last
+    assert tokenizer.padding == padding_before  # the caller's tokenizer is left as it was
 
 
 def test_learning_rate_warms_up_then_decays_to_zero() -> None:
