@@ -44,18 +44,31 @@ DISTILL_LOSSES = ("similarity", "projection")
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """Defaults that differ with the starting point, each measured (README)."""
+
+    steps: int  # sized to the time budget on 2 cores
+    vocab_size: int
+
+
+PLAIN = Recipe(steps=1400, vocab_size=8192)  # InfoNCE only, random token embeddings
+# Token embeddings from the teacher: a repeat run within 5 minutes; 8192 and 16384 tokens measured too.
+DISTILLED = Recipe(steps=1050, vocab_size=32768)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     wordnet_dir: str = str(DEFAULT_WORDNET_DIR)
     out_dir: str = "artifacts"
     seed: int = 0
-    steps: int = 1400  # optimizer steps; sized so `make train` stays under 5 minutes on 2 cores
+    steps: int | None = None  # optimizer steps; None = the recipe's (train_steps)
     batch_size: int = 256  # pairs per step; every other row of the batch is a negative
     lr: float = 3e-3  # peak AdamW learning rate
     warmup_steps: int = 50  # linear warm-up, then cosine decay to 0
     weight_decay: float = 0.01
     temperature: float = 0.05  # InfoNCE softmax temperature on cosine similarities
     train_max_len: int = 32  # texts are truncated to this many tokens during training only
-    vocab_size: int = 8192
+    vocab_size: int | None = None  # WordPiece tokens; None = the recipe's (vocabulary)
     held_out_fraction: float = 0.02  # share of synsets never trained on, split by synset
     max_synsets: int = 0  # 0 = all; tests use a slice to build a tiny model fast
     threads: int = 0  # torch intra-op threads; 0 = torch's default (all cores)
@@ -76,6 +89,20 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.distill_loss not in DISTILL_LOSSES:
             raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}, not {self.distill_loss!r}")
+
+    @property
+    def recipe(self) -> Recipe:
+        """A large vocabulary pays only when its rows start from the teacher's: with random rows most tokens
+        are seen too rarely in a brief run to learn. The teacher's start also needs fewer steps."""
+        return DISTILLED if self.teacher_dir and self.teacher_init else PLAIN
+
+    @property
+    def train_steps(self) -> int:
+        return self.recipe.steps if self.steps is None else self.steps
+
+    @property
+    def vocabulary(self) -> int:
+        return self.recipe.vocab_size if self.vocab_size is None else self.vocab_size
 
 
 @dataclass(frozen=True)
@@ -226,7 +253,7 @@ def outside_wordnet(
 def lr_at(step: int, config: TrainConfig) -> float:
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    progress = (step - config.warmup_steps) / max(1, config.train_steps - config.warmup_steps)
     return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
@@ -249,7 +276,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         synsets = synsets[: config.max_synsets]
     train_synsets, held_out = split_synsets(synsets, config.held_out_fraction, config.seed)
     pairs, train_corpus = training_side(train_synsets, held_out)
-    tokenizer = train_tokenizer(train_corpus, config.vocab_size, config.model.max_len)
+    tokenizer = train_tokenizer(train_corpus, config.vocabulary, config.model.max_len)
     model_config = replace(config.model, vocab_size=tokenizer.get_vocab_size(), pad_id=pad_id(tokenizer))
     pad = model_config.pad_id
 
@@ -289,7 +316,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     batches: list[list[int]] = []
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(config.steps), desc="train", disable=not config.progress, unit="step", mininterval=1.0)
+    bar = tqdm(range(config.train_steps), desc="train", disable=not config.progress, unit="step", mininterval=1.0)
     for step in bar:
         if not batches:  # a new epoch: reshuffle into synset-distinct batches
             epoch = make_batches(pairs, config.batch_size, rng, length=lambda p: pair_length[id(p)])
@@ -336,7 +363,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         reference_id = json.loads((reference / "manifest.json").read_text())["model_id"]
         outside = {"reference": reference_id, **outside_wordnet(model, tokenizer, reference_embeddings, config)}
     summary: dict[str, object] = {
-        "steps": config.steps,
+        "steps": config.train_steps,
         "batch_size": config.batch_size,
         "seed": config.seed,
         "bf16_autocast": bf16,
@@ -348,6 +375,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "train_seconds": round(time.perf_counter() - started, 1),
         "distill_weight": config.distill_weight if config.teacher_dir else 0.0,
         "distill_loss": config.distill_loss if config.teacher_dir else "",
+        "teacher_init": bool(config.teacher_dir and config.teacher_init),
+        "vocab_size": tokenizer.get_vocab_size(),
         **teacher_summary,
         "outside_wordnet": outside,
         "model_sizes": sizes,
@@ -454,7 +483,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wordnet-dir", default=defaults.wordnet_dir)
     parser.add_argument("--out-dir", default=defaults.out_dir)
-    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument(
+        "--steps", type=int, help=f"default {DISTILLED.steps} when distilling with teacher init, else {PLAIN.steps}"
+    )
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -468,7 +499,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
     parser.add_argument("--distill-loss", choices=DISTILL_LOSSES, default=defaults.distill_loss)
     parser.add_argument("--no-teacher-init", action="store_true", help="random token embeddings even with a teacher")
-    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help=f"WordPiece tokens; default {DISTILLED.vocab_size} when distilling with teacher init, "
+        f"else {PLAIN.vocab_size}",
+    )
     parser.add_argument("--d-model", type=int, default=defaults.model.d_model)
     parser.add_argument("--layers", type=int, default=defaults.model.n_layers)
     parser.add_argument("--d-ff", type=int, default=defaults.model.d_ff)

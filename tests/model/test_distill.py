@@ -16,7 +16,7 @@ from model.distill import (
     teacher_token_init,
     token_strings,
 )
-from model.train import TrainConfig, resolve_teacher, train
+from model.train import DISTILLED, PLAIN, TrainConfig, resolve_teacher, train
 from tests.conftest import tiny_train_config
 
 
@@ -105,6 +105,16 @@ def test_the_student_starts_from_the_teachers_token_embeddings(tiny_bert_artifac
     np.testing.assert_allclose(start.model.token_embedding.weight.detach().numpy(), expected, atol=1e-6)
     random_start = train(replace(config, teacher_init=False))
     assert not np.allclose(random_start.model.token_embedding.weight.detach().numpy(), expected, atol=1e-2)
+
+
+def test_the_recipe_follows_the_starting_point() -> None:
+    assert (TrainConfig().train_steps, TrainConfig().vocabulary) == (PLAIN.steps, PLAIN.vocab_size)
+    distilled = TrainConfig(teacher_dir="t")
+    assert (distilled.train_steps, distilled.vocabulary) == (DISTILLED.steps, DISTILLED.vocab_size)
+    assert DISTILLED.vocab_size > PLAIN.vocab_size and DISTILLED.steps < PLAIN.steps
+    assert TrainConfig(teacher_dir="t", teacher_init=False).recipe == PLAIN
+    explicit = TrainConfig(teacher_dir="t", vocab_size=500, steps=0)
+    assert (explicit.train_steps, explicit.vocabulary) == (0, 500)
 
 
 def test_an_unknown_distillation_loss_is_refused() -> None:
