@@ -17,17 +17,33 @@ SPECIAL_TOKENS = [PAD, UNK, CLS, SEP]  # PAD first: pad id 0 matches EncoderConf
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, max_len: int) -> Tokenizer:
-    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    # The trainer finds the same token set every run but numbers it in hash-map order, which varies
-    # between processes. Renumber canonically (special tokens first, then sorted) for reproducibility.
-    learned = sorted(set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS))
+    texts = list(texts)
+    normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
+    # The trainer numbers each continuation piece ("##e") when it first meets it, in hash-map order, and
+    # breaks ties between equally frequent merges by those numbers. With a large vocabulary the cut-off
+    # falls among such ties and the learned set varied between processes (3 of 32,768 tokens). Naming
+    # every continuation character up front, sorted, fixes the numbering and so the vocabulary.
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    spans = " ".join(set(normalizer.normalize_str("\n".join(texts)).split()))  # each distinct span once
+    words = {word for word, _ in pre_tokenizer.pre_tokenize_str(spans)}
+    continuations = [f"##{c}" for c in sorted({c for word in words for c in word[1:]})]
+    trainer_tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+    trainer_tokenizer.normalizer = normalizer
+    trainer_tokenizer.pre_tokenizer = pre_tokenizer
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + continuations, show_progress=False
+    )
+    trainer_tokenizer.train_from_iterator(texts, trainer=trainer)
+    # Renumber canonically (special tokens first, then sorted) so that ids never depend on the trainer's
+    # internal order, and build the tokenizer afresh so that only the real special tokens are "added"
+    # tokens (the continuation pieces are ordinary vocabulary).
+    learned = sorted(set(trainer_tokenizer.get_vocab()) - set(SPECIAL_TOKENS))
     vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *learned])}
-    tokenizer.model = models.WordPiece(vocab=vocab, unk_token=UNK)
+    tokenizer = Tokenizer(models.WordPiece(vocab=vocab, unk_token=UNK))
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}",
         special_tokens=[(CLS, tokenizer.token_to_id(CLS)), (SEP, tokenizer.token_to_id(SEP))],

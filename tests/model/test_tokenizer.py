@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from model.tokenizer import CLS, PAD, SEP, load_tokenizer, pad_id, save_tokenizer, train_tokenizer
@@ -28,3 +30,19 @@ def test_text_without_known_characters_still_has_tokens() -> None:
     tokenizer = train_tokenizer(TEXTS, vocab_size=200, max_len=8)
     encoding = tokenizer.encode("   ")
     assert encoding.tokens == [CLS, SEP]
+
+
+def test_the_vocabulary_is_the_same_in_every_process() -> None:
+    # 16 words of one count each: every merge ties, and the vocabulary has room for 3 of the 16. The
+    # trainer's hash maps are seeded per process, so only a fresh process shows the difference.
+    script = (
+        "from model.tokenizer import train_tokenizer\n"
+        "texts = ['q' + c for c in 'abcdefghijklmnop']\n"
+        "print(sorted(train_tokenizer(texts, vocab_size=40, max_len=8).get_vocab()))\n"
+    )
+    vocabularies = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+        for _ in range(6)
+    }
+    assert len(vocabularies) == 1
+    assert "'qa'" in vocabularies.pop()  # the tie goes to the first pair in sorted order, every time
