@@ -6,6 +6,9 @@ texts, so a repeat `make train` skips it. The int8 build is used: it is twice as
 (814 against 414 texts/s for 32-token texts on 2 cores) at mean cosine >= 0.99 to it, which keeps the
 first run within its time budget.
 
+The student also starts from the teacher: each token of its vocabulary, embedded alone by the teacher and
+reduced by PCA to the student's width, is its first token-embedding row (teacher_token_init).
+
 The loss matches similarity structure, not coordinates: the student's cosine-similarity matrix over the
 batch's anchors and positives is pulled towards the teacher's (mean squared error). It needs no projection
 between the two widths and adds nothing to the exported model.

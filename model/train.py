@@ -6,6 +6,7 @@ held-out definitions by cosine similarity; recall@1, recall@10 and MRR for the u
 TF-IDF baseline and the trained model.
 
     python -m model.train [--steps N] [--out-dir artifacts] [--wordnet-dir /usr/share/wordnet]
+    python -m model.train --teacher artifacts/minilm   # distilled: see model/distill.py and Recipe
 """
 
 from __future__ import annotations
