@@ -223,9 +223,8 @@ def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask) -> Ret
     return retrieval_scores(q, d, task.targets)
 
 
-def reference_embedder(reference: Path, cache_dir: Path) -> Callable[[Sequence[str]], np.ndarray]:
+def reference_embedder(reference: Path, max_len: int, cache_dir: Path) -> Callable[[Sequence[str]], np.ndarray]:
     """The reference model's embeddings as it is served (fp32, its full max length), cached for repeat runs."""
-    max_len = json.loads((reference / "manifest.json").read_text())["max_length"]
     return lambda texts: teacher_embeddings(reference, texts, cache_dir, max_len, "fp32", "float32")[0]
 
 
@@ -357,12 +356,11 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     sizes = {"trained": model_size(model.config)}
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
         reference = Path(config.reference_dir or config.teacher_dir)
-        reference_config = json.loads((reference / "manifest.json").read_text())["config"]
-        sizes["teacher"] = model_size(EncoderConfig(**reference_config))
-        reference_embeddings = reference_embedder(reference, cache_dir)
+        manifest = json.loads((reference / "manifest.json").read_text())
+        sizes["teacher"] = model_size(EncoderConfig(**manifest["config"]))
+        reference_embeddings = reference_embedder(reference, manifest["max_length"], cache_dir)
         evaluation["teacher"] = asdict(teacher_scores(reference_embeddings, task))
-        reference_id = json.loads((reference / "manifest.json").read_text())["model_id"]
-        outside = {"reference": reference_id, **outside_wordnet(model, tokenizer, reference_embeddings, config)}
+        outside = {"reference": manifest["model_id"], **outside_wordnet(model, tokenizer, reference_embeddings, config)}
     summary: dict[str, object] = {
         "steps": config.train_steps,
         "batch_size": config.batch_size,
