@@ -452,13 +452,16 @@ class Batcher:
         for request in {id(item.request): item.request for item in batch}.values():
             request.queue_seconds = max(request.queue_seconds, started - request.admitted_at)
             request.inference_seconds += seconds
-        for row, item in zip(output, batch, strict=True):
+        for position, (row, item) in enumerate(zip(output, batch, strict=True)):
             request = item.request
             if request.future.done():
                 continue
-            if request.results is None:
-                request.results = np.empty((request.n, output.shape[1]), dtype=np.float32)
-            request.results[item.index] = row
+            if request.n == 1:  # most requests: a view of the batch's output, no copy
+                request.results = output[position : position + 1]
+            else:
+                if request.results is None:
+                    request.results = np.empty((request.n, output.shape[1]), dtype=np.float32)
+                request.results[item.index] = row
             request.remaining -= 1
             if request.remaining == 0:
                 request.future.set_result(

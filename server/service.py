@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
@@ -107,20 +109,42 @@ def as_domain_error(error: Exception, method: str) -> EmbedError:
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 
+@functools.cache
+def _row_prefix(dim: int) -> bytes:
+    """The bytes before a row's floats in a serialized EmbedResponse: the same for every row of a width.
+
+    Taken from protobuf's own serialization of one zero row (its floats are the last 4 x dim bytes).
+    """
+    one_row = embedding_pb2.EmbedResponse(embeddings=[embedding_pb2.Embedding(values=[0.0] * dim)])
+    return one_row.SerializeToString()[: -4 * dim]
+
+
+def embeddings_message(embeddings: np.ndarray) -> embedding_pb2.EmbedResponse:
+    """An EmbedResponse holding these (n, dim) rows, parsed from their wire format.
+
+    A repeated float field is packed little-endian float32 on the wire, so each row is a fixed prefix
+    and its array's bytes: no Python float per value (12 us a row of 128 that way; 6 us for 8 rows
+    this way).
+    """
+    rows = np.ascontiguousarray(embeddings, dtype="<f4")
+    if len(rows) == 0:
+        return embedding_pb2.EmbedResponse()
+    prefix = _row_prefix(rows.shape[1])
+    return embedding_pb2.EmbedResponse.FromString(prefix + prefix.join([row.tobytes() for row in rows]))
+
+
 def to_response(result: Embedded, total_seconds: float, model: str) -> embedding_pb2.EmbedResponse:
-    return embedding_pb2.EmbedResponse(
-        model=model,
-        embeddings=[embedding_pb2.Embedding(values=row) for row in result.embeddings.tolist()],
-        token_counts=result.token_counts,
-        total_tokens=sum(result.token_counts),
-        truncated_inputs=result.truncated,
-        timings=embedding_pb2.Timings(
-            tokenization_seconds=result.tokenize_seconds,
-            queue_seconds=result.queue_seconds,
-            inference_seconds=result.inference_seconds,
-            total_seconds=total_seconds,
-        ),
-    )
+    response = embeddings_message(result.embeddings)
+    response.model = model
+    response.token_counts.extend(result.token_counts)
+    response.total_tokens = sum(result.token_counts)
+    response.truncated_inputs.extend(result.truncated)
+    timings = response.timings
+    timings.tokenization_seconds = result.tokenize_seconds
+    timings.queue_seconds = result.queue_seconds
+    timings.inference_seconds = result.inference_seconds
+    timings.total_seconds = total_seconds
+    return response
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

@@ -22,15 +22,26 @@ from tests.conftest import eventually, request
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def ok_requests(metrics_port: int) -> float:
+def samples(metrics_port: int) -> list:  # type: ignore[type-arg]
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def ok_requests(metrics_port: int) -> float:
     return sum(
         s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
+        for s in samples(metrics_port)
         if s.name == "embed_requests_total" and s.labels["method"] == "Embed" and s.labels["code"] == "OK"
     )
+
+
+def model_loaded(metrics_port: int) -> bool:
+    """The worker's model is served: its info series is set in the same step that starts serving it."""
+    try:
+        return any(s.name == "embed_model_info" for s in samples(metrics_port))
+    except OSError:  # its metrics endpoint is not up yet
+        return False
 
 
 def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigterm(tiny_artifacts: Path) -> None:
@@ -62,6 +73,10 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
     )
     target = f"127.0.0.1:{port}"
     try:
+        # One worker SERVING is enough for wait_serving; a connection to the other while it still loads
+        # would be answered UNAVAILABLE (as it should), so this waits for both.
+        for port_ in (metrics_port, metrics_port + 1):
+            eventually(lambda port_=port_: model_loaded(port_), timeout=60, what=f"a worker's model on :{port_}")
         wait_serving(target)
         for _ in range(24):  # separate connections: the kernel spreads connections, not calls
             with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
