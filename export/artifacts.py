@@ -46,7 +46,9 @@ def export_all(
     export_onnx(model, model_dir / ONNX_FILE)
     report = verify_artifacts(model_dir)
     config = model.config
-    int8_choice = export_int8(model_dir, config.n_heads, config.d_model, config.max_len, config.vocab_size)
+    int8_choice = export_int8(
+        model_dir, config.n_heads, config.d_model, config.max_len, config.vocab_size, config.pad_id
+    )
     export_fp16(model_dir)
     config = model.config
     precision = precision_report(model_dir, config.vocab_size, config.pad_id, config.max_len)

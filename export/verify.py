@@ -205,22 +205,39 @@ if __name__ == "__main__":
 INT8_MEAN_COSINE_BAR = 0.99
 
 
+def row_cosines_against_fp32(
+    fp32_path: Path | str,
+    other_paths: Sequence[Path | str],
+    vocab_size: int,
+    pad_id: int,
+    max_len: int,
+    seed: int = 99,
+) -> list[np.ndarray]:
+    """Each row's cosine between fp32 and each other build on the same random padded batches, CPU.
+
+    fp32 runs each batch once, however many builds it is compared with.
+    """
+    fp32, others = onnx_backend(fp32_path), [onnx_backend(path) for path in other_paths]
+    rng = np.random.default_rng(seed)
+    cosines: list[list[np.ndarray]] = [[] for _ in others]
+    for batch in BATCH_SIZES:
+        for sequence in sorted({min(s, max_len) for s in (*SEQUENCE_LENGTHS, max_len)}):
+            ids, mask = random_batch(rng, batch, sequence, vocab_size, pad_id)
+            reference = fp32(ids, mask)
+            for rows, other in zip(cosines, others, strict=True):
+                rows.append(row_cosines(reference, other(ids, mask)))
+    return [np.concatenate(rows) for rows in cosines]
+
+
 def precision_report(model_dir: Path | str, vocab_size: int, pad_id: int, max_len: int, seed: int = 99) -> dict:
     """int8 and fp16 against fp32 ONNX Runtime on the same random padded batches (mean and worst cosine)."""
     model_dir = Path(model_dir)
-    fp32 = onnx_backend(model_dir / "model.onnx")
     report: dict[str, dict[str, float | bool | str]] = {}
-    for name, file in (("int8", "model.int8.onnx"), ("fp16", "model.fp16.onnx")):
-        if not (model_dir / file).is_file():
-            continue
-        other = onnx_backend(model_dir / file)
-        rng = np.random.default_rng(seed)
-        cosines = []
-        for batch in BATCH_SIZES:
-            for sequence in sorted({min(s, max_len) for s in (*SEQUENCE_LENGTHS, max_len)}):
-                ids, mask = random_batch(rng, batch, sequence, vocab_size, pad_id)
-                cosines.append(row_cosines(fp32(ids, mask), other(ids, mask)))
-        all_rows = np.concatenate(cosines)
+    files = {"int8": model_dir / "model.int8.onnx", "fp16": model_dir / "model.fp16.onnx"}
+    builds = {name: path for name, path in files.items() if path.is_file()}
+    fp32 = model_dir / "model.onnx"
+    cosines = row_cosines_against_fp32(fp32, list(builds.values()), vocab_size, pad_id, max_len, seed)
+    for name, all_rows in zip(builds, cosines, strict=True):
         mean = float(all_rows.mean())
         report[f"{name} vs fp32"] = {
             "mean_cosine": mean,

@@ -106,6 +106,23 @@ def test_parity_report_catches_padding_leaks(tiny_training) -> None:
     assert not report.passes()
 
 
+def test_int8_keeps_the_fastest_build_that_is_accurate_enough() -> None:
+    from export.quantize import choose_int8
+
+    seconds = {"quantized": 0.010, "quantized per tensor": 0.011, "optimized+quantized": 0.008}
+    # The fastest is below the bar: the fastest of those above it is kept.
+    assert choose_int8(seconds, {"quantized": 0.995, "quantized per tensor": 0.999, "optimized+quantized": 0.98}) == (
+        "quantized"
+    )
+    assert choose_int8(seconds, {"quantized": 0.995, "quantized per tensor": 0.999, "optimized+quantized": 0.991}) == (
+        "optimized+quantized"
+    )
+    # None meets it: the most accurate, whatever its speed (the export then reports the miss).
+    assert choose_int8(seconds, {"quantized": 0.97, "quantized per tensor": 0.985, "optimized+quantized": 0.98}) == (
+        "quantized per tensor"
+    )
+
+
 def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Path) -> None:
     manifest = json.loads((tiny_artifacts / "manifest.json").read_text())
     assert {"model.int8.onnx", "model.fp16.onnx"} <= set(manifest["files"])
@@ -114,6 +131,9 @@ def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Pa
     assert int8["worst_row_cosine"] <= int8["mean_cosine"]
     build = manifest["precision"]["int8_build"]
     assert build["chosen"] in build["seconds_per_batch"] and build["timed_batch"] == [32, 32]
+    assert set(build["mean_cosine"]) == set(build["seconds_per_batch"])
+    # The kept build is the one the precision report measured: the same random batches, the same cosine.
+    assert abs(build["mean_cosine"][build["chosen"]] - int8["mean_cosine"]) < 1e-6
     graph = onnx.load(str(tiny_artifacts / "model.int8.onnx")).graph
     assert any(
         node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node
