@@ -12,6 +12,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,7 +38,7 @@ from bench.measure import (
     transport_server,
 )
 from bench.report import targets, write_report
-from loadtest.run import local_server
+from loadtest.run import ROOT, local_server
 from server.batcher import BatchPolicy
 from server.config import ServerConfig
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
@@ -67,6 +69,19 @@ def onnx_parameters(path: Path) -> int:
     import onnx
 
     return int(sum(np.prod(init.dims) for init in onnx.load(str(path)).graph.initializer))
+
+
+def measure_request_path(model_dir: Path, texts_file: Path, duration: float) -> dict:  # type: ignore[type-arg]
+    """Our own code's cost per request, without gRPC (bench/request_path.py), in its own process."""
+    print("request path without gRPC: full, pretokenized, bare (bench/request_path.py)", flush=True)
+    command = [sys.executable, "-m", "bench.request_path", "--model-dir", str(model_dir), "--texts", str(texts_file)]
+    done = subprocess.run([*command, "--duration", str(duration)], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.request_path failed:\n{done.stderr}")
+    measured: dict = json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[type-arg]
+    for mode, m in measured.items():
+        print(f"  {mode}: event loop {m['event_loop_cpu_us']:.0f} CPU-us per request", flush=True)
+    return measured
 
 
 def higher(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
@@ -243,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("3. server with --max-batch-size 1", flush=True)
         with local_server(str(args.model_dir), [*server_flags, "--max-batch-size", "1"]) as server:
             results["no_batching"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
+        results["request_path"] = measure_request_path(args.model_dir, texts_file, args.duration / 2)
         # Like the ceiling below: read twice and keep the higher, so the serial limit is never understated.
         transport_readings.append(measure_transport(runtime.dim, texts_file, args.duration))
         first, second = transport_readings

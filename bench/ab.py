@@ -1,13 +1,17 @@
 """A/B runs of server variants, interleaved, as the "What was tried" rows of docs/benchmarks.md are measured.
 
     python -m bench.ab --variant base= --variant one-thread="--intra-op-threads 1" \
-        [--rounds 2] [--duration 5] [--levels 1x1,32x1,16x8] [--model-dir artifacts] [--json OUT]
+        [--checkout NAME=DIR] [--rounds 2] [--duration 5] [--levels 1x1,32x1,16x8] [--model-dir artifacts]
+        [--json OUT]
 
 Each variant is `python -m server` with its flags, started fresh for each round; the rounds alternate
 the variants, so on a machine whose speed drifts every variant sees the same drift and each cell is
 read as a range over rounds, not one number. Every level is the benchmark's own load generator
 (closed loop, CLIENTSxTEXTS per request) with the server's CPU per request by thread. Prints one line
 per measurement and the ranges at the end; --json writes every measurement.
+
+--checkout runs a variant's server from another checkout (a `git worktree` of an earlier commit, with
+its generated protobuf modules copied in), to compare code rather than flags.
 """
 
 from __future__ import annotations
@@ -19,18 +23,19 @@ import json
 import shlex
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench.measure import load_sweep, traffic
-from loadtest.run import local_server
+from loadtest.run import ROOT, local_server
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
     flags: list[str]
+    source: Path = ROOT  # the checkout its server runs from
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def run(
         texts_file.write_text(json.dumps(texts))
         for round_ in range(rounds):
             for variant in variants:
-                with local_server(model_dir, variant.flags) as server:
+                with local_server(model_dir, variant.flags, variant.source) as server:
                     for level in levels:
                         with contextlib.redirect_stdout(io.StringIO()):  # load_sweep's own progress line
                             (result,) = load_sweep(
@@ -119,6 +124,7 @@ def run(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", type=parse_variant, action="append", required=True, help="NAME=SERVER FLAGS")
+    parser.add_argument("--checkout", action="append", default=[], help="NAME=DIR: run that variant from DIR")
     parser.add_argument("--levels", type=parse_levels, default=parse_levels("1x1,32x1,16x8"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per level")
@@ -129,8 +135,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = [v.name for v in args.variant]
     if len(set(names)) != len(names):
         parser.error(f"variant names must differ: {names}")
+    checkouts = dict(spec.partition("=")[::2] for spec in args.checkout)
+    if unknown := set(checkouts) - set(names):
+        parser.error(f"--checkout names no variant: {sorted(unknown)}")
+    variants = [
+        replace(v, source=Path(checkouts[v.name]).resolve()) if v.name in checkouts else v for v in args.variant
+    ]
     texts = json.loads(args.texts.read_text()) if args.texts else None
-    measured = run(args.variant, args.levels, args.rounds, args.duration, args.model_dir, texts)
+    measured = run(variants, args.levels, args.rounds, args.duration, args.model_dir, texts)
     if args.json:
         args.json.write_text(json.dumps(measured, indent=2) + "\n")
 

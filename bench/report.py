@@ -253,10 +253,6 @@ def cpu_per_request(x: dict[str, Any]) -> float:
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
 
 
-# Per single-text request, measured separately (stop 18): tokenization, and it plus the rest of our Python.
-TOKENIZE_US, OUR_PYTHON_US = 65, 200
-
-
 def limits_section(r: dict[str, Any]) -> list[str]:
     """Where the time goes against the serial limit: this run's CPU figures, the profile, what was tried."""
     lim = limits(r)
@@ -273,6 +269,9 @@ def limits_section(r: dict[str, Any]) -> list[str]:
     budget = cores * 1e6 / (0.8 * lim["1 text x 32 clients"]["limit"])
     spent = server_cpu + server32["loadgen_cpu_us"]
     cut = max(0.0, spent - budget)
+    path = r["request_path"]  # the servicer without gRPC, in-process (bench/request_path.py)
+    ours, bare = path["full"]["event_loop_cpu_us"], path["bare"]["event_loop_cpu_us"]
+    tokenize = ours - path["pretokenized"]["event_loop_cpu_us"]
     return [
         "## What limits it",
         "",
@@ -291,9 +290,10 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         f"{budget:.0f} CPU-us per single-text request together; in this run they spent {spent:.0f} "
         f"({server_cpu:.0f} the server, {server32['loadgen_cpu_us']:.0f} the load generator). Even with every core busy "
         f"the server could not reach 0.8 L without cutting about {cut:.0f} us per request; "
-        f"tokenization and all of our per-request Python together cost about {OUR_PYTHON_US} us ({TOKENIZE_US} and "
-        f"{OUR_PYTHON_US - TOKENIZE_US} us: the pipeline and servicer driven without gRPC, one text per request, "
-        f"32 concurrent callers, measured separately): the cut needed is {cut / OUR_PYTHON_US:.1f} times all of it. "
+        f"all of our own code on the event loop costs {ours:.0f} CPU-us per request ({tokenize:.0f} of it "
+        f"tokenization, {bare:.0f} our Python with neither tokenizer nor model; `bench/request_path.py` in this run: "
+        "the servicer called in-process without gRPC, one text per request, 32 concurrent callers, batches of "
+        f"{path['full']['mean_batch']:.1f} texts): the cut needed is {cut / ours:.0%} of all of it. "
         "The event "
         "loop is also the one thread every request passes through, and it holds the GIL: the kernel's scheduler "
         "statistics (`/proc/PID/task/TID/schedstat`, 4 s at 32 clients) showed it busy 0.66 of a core and waiting "
@@ -321,9 +321,9 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         *compute_bound_limits(r),
         "What was tried, measured as A/B runs on this machine at 32 single-text clients, alternating the variants "
         "(the machine drifts by +-30% between runs, so each cell is a range over rounds; `python -m bench.ab` runs "
-        "such comparisons). Rows marked *stop 18* were "
-        "measured in the session that produced this file; the others in earlier sessions of this round (those marked "
-        "*earlier* while the CPU token budget was still 16384):",
+        "such comparisons; `--checkout` compares two versions of the code). Rows marked *stop 20* were measured in "
+        "the session that produced this file; the others in earlier sessions of this round (*stop 18*, and those "
+        "marked *earlier* while the CPU token budget was still 16384):",
         "",
         "| change | before | after | kept |",
         "|---|---|---|---|",
@@ -367,6 +367,25 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "no: within the drift |",
         "| `--intra-op-threads 1` alone, *stop 18*, scheduler statistics | 1192 texts/s, ONNX Runtime threads 652 "
         "CPU-us per text | 1049 texts/s, 520 CPU-us | no: less CPU, but the event loop, not the cores, sets the pace |",
+        "| response rows built from their wire bytes (a fixed prefix and the float32 bytes, parsed by protobuf) "
+        "instead of a Python float per value, *stop 20*, byte-identical messages | 8 rows: 111 us, one row: 17 us "
+        "| 6 us, 4 us (microbenchmark) | yes |",
+        "| fewer numpy calls per request on the event loop: rows normalised once per batch in the inference thread, "
+        "a one-text request's result a view of the batch's output, *stop 20*, `bench/request_path.py`-style driver, "
+        "2 rounds of 2 readings against the previous commit | full: 398-465 event-loop CPU-us per request; bare: "
+        "195-216 | 360-397; 165-171 | yes: np.linalg.norm on one row cost ~45 us in context against 8 us in a "
+        "microbenchmark. End to end through gRPC (`bench.ab --checkout`, 3 rounds in each order, 5 s) the "
+        "difference stayed within the drift: 1x32 504-636 against 593-777 texts/s, 8x16 912-1161 against "
+        "985-1282 |",
+        "| padding allowed up to a fixed 32, 64 or 128 tokens per batch besides the 15% cap (a backend call costs "
+        "about 40 tokens of compute here), *stop 20*, in-process, 2 rounds | batches of 6.8 texts; 1160-1257 "
+        "requests/s | 8.8, 10.1, 11.6 texts; 892-1018, 968-1513, 1249-1370 requests/s | no: within the drift |",
+        "| tokenizers' `encode_batch_fast` (no offsets), and a BertNormalizer without accent stripping (the same ids "
+        "on this all-ASCII traffic), *stop 20*, 5 interleaved rounds, CPU-us per text one at a time | 69-88 | "
+        "58-72; 54-81 | no: within the noise, and the normalizer is the model's |",
+        "| fp32 graph through ONNX Runtime's transformer optimizer (it fuses SkipLayerNormalization; no attention "
+        "pattern of our encoder matched), *stop 20*, 3 rounds of 200 runs | 73 nodes; 1 x 33 tokens 0.78-0.86 ms, "
+        "83 x 40 31-37 ms | 64 nodes; 0.89-0.97 ms, 35-53 ms | no |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
@@ -407,14 +426,28 @@ def compute_bound_limits(r: dict[str, Any]) -> list[str]:
         "Options of ONNX Runtime's dynamic quantization, measured side by side on this model (32 x 48 / 32 x 128, against "
         "fp32): plain 1.87x / 1.90x, per-channel 1.89x / 1.88x, `reduce_range` 1.87x / 1.91x, both 1.90x / 1.75x, "
         "MatMul only 1.92x / 1.86x, all at cosine >= 0.9999 on these untrained weights: none is faster. On the real "
-        "all-MiniLM-L6-v2, per-channel scales kept mean cosine 0.991 to fp32 on real sentences against 0.959 for "
-        "plain (`reduce_range`: 0.886), so the export quantizes per channel. It also times the transformer "
-        "optimizer's fusions before quantizing and keeps the faster build (here: "
+        "all-MiniLM-L6-v2 (an earlier session), per-channel scales kept mean cosine 0.991 to fp32 on real sentences "
+        "against 0.959 for plain (`reduce_range`: 0.886). The export now builds four candidates (per-channel and "
+        "per-tensor int8 weights, per-channel uint8 weights, the transformer optimizer's graph) and keeps the "
+        "fastest at mean cosine >= 0.99 on random padded batches (here: "
         + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in build["seconds_per_batch"].items())
         + "). What stays fp32 (run-time quantization of activations, "
-        "softmax, LayerNorm, GELU) bounds the gain near 2x on this CPU.",
+        "softmax, LayerNorm, GELU) bounds the gain near 2x on this CPU." + int8_accuracy_note(cb),
         "",
     ]
+
+
+def int8_accuracy_note(cb: dict[str, Any]) -> str:
+    """The kept int8 build's accuracy in this run, flagged where it misses the export's 0.99 bar."""
+    cosine = cb.get("int8_cosine")
+    if not cosine or cosine["mean_cosine"] >= 0.99:
+        return ""
+    return (
+        f" In this run the kept build's mean cosine to fp32 on random padded batches was {cosine['mean_cosine']:.4f} "
+        f"(worst row {cosine['worst_row_cosine']:.4f}), below the 0.99 bar: none of the export's int8 candidates "
+        "reached it on this machine (on x86 CPUs without VNNI, int8 weights can saturate int16 sums; the uint8-weight "
+        "candidate is there for that)."
+    )
 
 
 def gpu_section(r: dict[str, Any], out: Path) -> list[str]:

@@ -61,8 +61,8 @@ def rss_bytes(pid: int) -> int:
 
 
 @contextmanager
-def local_server(model_dir: str, extra: Sequence[str] = ()) -> Iterator[LocalServer]:
-    """`python -m server` on a free loopback port, stopped with SIGTERM afterwards (exit code kept)."""
+def local_server(model_dir: str, extra: Sequence[str] = (), source: Path = ROOT) -> Iterator[LocalServer]:
+    """`python -m server` (from ``source``, a checkout) on a free loopback port, stopped with SIGTERM afterwards."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -76,12 +76,12 @@ def local_server(model_dir: str, extra: Sequence[str] = ()) -> Iterator[LocalSer
             "--metrics-port",
             "-1",
             "--model-dir",
-            model_dir,
+            str(Path(model_dir).resolve()),
             "--log-level",
             "WARNING",
             *extra,
         ],
-        cwd=ROOT,
+        cwd=source,
     )
     target = f"127.0.0.1:{port}"
     try:

@@ -113,6 +113,44 @@ def test_ab_runs_alternate_the_variants_and_pass_their_flags(tiny_artifacts: Pat
             assert m["requests"] == 0 and m["errors"] > 0
 
 
+def test_ab_checkout_runs_that_variants_server_from_another_tree(tiny_artifacts: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from bench.ab import main
+    from loadtest.run import ROOT
+
+    checkout = tmp_path / "checkout"  # another version of the code: one input per request by default
+    for package in ("server", "embedding"):
+        shutil.copytree(ROOT / package, checkout / package)
+    config = checkout / "server" / "config.py"
+    config.write_text(config.read_text().replace("max_client_batch_size: int = 64", "max_client_batch_size: int = 1"))
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    out = tmp_path / "ab.json"
+    variants = ["--variant", "here=", "--variant", "there=", "--checkout", f"there={checkout}"]
+    run = ["--levels", "2x2", "--rounds", "1", "--duration", "0.5", "--model-dir", str(tiny_artifacts)]
+    main([*variants, *run, "--texts", str(texts), "--json", str(out)])
+    errors = {m["variant"]: m["errors"] for m in json.loads(out.read_text())}
+    assert errors["here"] == 0 and errors["there"] > 0
+
+
+def test_request_path_separates_our_python_from_tokenization_and_the_model(
+    tiny_artifacts: Path, tmp_path: Path
+) -> None:
+    from bench.__main__ import measure_request_path
+
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs", "x"]))
+    measured = measure_request_path(tiny_artifacts, texts, 0.5)
+    assert set(measured) == {"full", "pretokenized", "bare"}
+    for m in measured.values():
+        assert m["requests_per_second"] > 0 and m["event_loop_cpu_us"] > 0 and m["mean_batch"] >= 1
+    full, pretokenized, bare = measured["full"], measured["pretokenized"], measured["bare"]
+    assert full["tokenizer_calls"] > 0 and full["model_calls"] > 0
+    assert pretokenized["tokenizer_calls"] == 0 and pretokenized["model_calls"] > 0
+    assert bare["tokenizer_calls"] == 0 and bare["model_calls"] == 0
+
+
 def test_ab_arguments_are_checked() -> None:
     import argparse
 
