@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -135,7 +136,6 @@ def test_expired_and_cancelled_items_are_never_computed() -> None:
         loop = asyncio.get_running_loop()
         first = asyncio.create_task(batcher.submit([row(1)]))
         await settle()
-        import time
 
         expired = asyncio.create_task(batcher.submit([row(11), row(11)], deadline=time.monotonic() + 0.01))
         cancelled = asyncio.create_task(batcher.submit([row(12)]))
@@ -266,11 +266,13 @@ class Recorder(BatchObserver):
         self.drops[reason] = self.drops.get(reason, 0) + items
 
 
-async def held_batcher() -> tuple[FakeRuntime, Recorder, Batcher, asyncio.Task]:  # type: ignore[type-arg]
+async def held_batcher(
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[FakeRuntime, Recorder, Batcher, asyncio.Task]:  # type: ignore[type-arg]
     """A batcher whose first batch (one row) is running and held in the backend until runtime.release."""
     runtime = FakeRuntime()
     recorder = Recorder()
-    batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder)
+    batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder, clock=clock)
     batcher.start()
     running = asyncio.create_task(batcher.submit([row(1)]))
     await settle()
@@ -340,7 +342,6 @@ def test_queue_gauges_follow_cancellations_even_when_no_batch_follows() -> None:
 
 def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_computed() -> None:
     async def run() -> tuple[FakeRuntime, Recorder]:
-        import time
 
         runtime, recorder, batcher, running = await held_batcher()
         deadline = time.monotonic() + 0.2
@@ -356,6 +357,30 @@ def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_compu
 
     runtime, _ = asyncio.run(run())
     assert [n for b in runtime.batches for n in b] == [1]
+
+
+def test_a_cancellation_too_close_to_the_deadline_to_make_it_counts_as_the_deadline() -> None:
+    """The deadline we see is the client's shifted by transit, and a busy loop runs our timer late: the
+    client's own cancellation at its deadline can come first. It is the deadline's, not a cancellation."""
+
+    async def run() -> Recorder:
+        now = [100.0]  # the batcher's clock; the loop's timers (armed ~10 s ahead) never fire here
+        runtime, recorder, batcher, running = await held_batcher(clock=lambda: now[0])
+        early = asyncio.create_task(batcher.submit([row(3)], deadline=now[0] + 10))
+        late = asyncio.create_task(batcher.submit([row(4), row(4)], deadline=now[0] + 10.01))
+        await settle()
+        early.cancel()  # 10 s before its deadline: the client went away
+        await settle()
+        now[0] += 10.0  # ``late`` is 10 ms from its deadline, within the margin: it cannot make it
+        late.cancel()
+        await settle()
+        runtime.release.set()
+        await running
+        await batcher.close()
+        return recorder
+
+    recorder = asyncio.run(run())
+    assert recorder.drops == {"cancelled": 1, "deadline": 2}
 
 
 def test_close_answers_the_running_batch_and_keeps_the_event_loop_free() -> None:
