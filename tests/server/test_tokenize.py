@@ -33,10 +33,19 @@ def whole(tokenizer: TextTokenizer, text: str) -> tuple[list[int], bool]:
     return tokenizer.truncating.encode(text).ids, True
 
 
+def longest_whole_word_prefix(text: str, chars: int) -> str:
+    """The reference cut: up to the last whitespace within ``chars``, found by scanning all of them."""
+    if len(text) <= chars:
+        return text
+    spaces = [i for i in range(1, chars) if text[i].isspace()]
+    return text[: spaces[-1]] if spaces else text
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(st.tuples(words, separators), min_size=1, max_size=600))
 def test_cut_texts_tokenize_exactly_like_whole_texts(tokenizer: TextTokenizer, parts) -> None:  # type: ignore[no-untyped-def]
     text = "".join(w + s for w, s in parts)
+    assert tokenizer.cut(text) == longest_whole_word_prefix(text, tokenizer.cut_chars)
     encoded = tokenizer.encode([tokenizer.cut(text)], truncate=True, originals=[text])
     ids, truncated = whole(tokenizer, text)
     assert encoded.rows[0].tolist() == ids
