@@ -104,7 +104,7 @@ def test_200_clients_of_the_largest_requests_keep_memory_bounded_and_small_reque
                 except grpc.RpcError as e:
                     small_codes[e.code().name] += 1
                 small_latencies.append(time.perf_counter() - started)
-                time.sleep(0.05)
+                time.sleep(0.025)  # ~400 samples: p99 is the 5th worst, not the 3rd of ~200
         out, _ = flood.communicate(timeout=60)
         flood_codes = json.loads(out.strip().splitlines()[-1])
         p99 = float(np.percentile(small_latencies, 99))
