@@ -342,7 +342,6 @@ def test_queue_gauges_follow_cancellations_even_when_no_batch_follows() -> None:
 
 def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_computed() -> None:
     async def run() -> tuple[FakeRuntime, Recorder]:
-
         runtime, recorder, batcher, running = await held_batcher()
         deadline = time.monotonic() + 0.2
         with pytest.raises(DeadlineExceeded):
