@@ -5,8 +5,8 @@ quantized with per-channel int8 weight scales, with one scale per tensor, and wi
 weights, and the graph after ONNX Runtime's transformer optimizer, per channel. The fastest whose mean
 cosine to fp32 meets the bar is kept; if none does, the most accurate (the export then reports the
 miss). Speed alone is not enough: which options keep a model accurate depends on its weights and on
-the CPU's int8 instructions (on an AVX2 machine without VNNI, all-MiniLM-L6-v2 reached 0.988 with int8
-weights and 0.991 with uint8 ones). The choice, timings and cosines go into the manifest.
+the CPU's int8 instructions (README, "Export and parity"). The choice, timings and cosines go into the
+manifest.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from export.verify import INT8_MEAN_COSINE_BAR, row_cosines_against_fp32
 
 INT8_FILE = "model.int8.onnx"
 FP16_FILE = "model.fp16.onnx"
-TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the two int8 candidates are timed on
+TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates are timed on
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -72,8 +72,6 @@ def _quantize(source: Path, out: Path, per_channel: bool = True, weight_type: Qu
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        # Per-channel weight scales: all-MiniLM-L6-v2 kept mean cosine 0.991 to fp32 on real sentences with them
-        # and 0.959 with one scale per tensor (reduce_range: 0.886), at the same speed on our models.
         quantize_dynamic(str(prepared), str(out), weight_type=weight_type, per_channel=per_channel)
     return out
 
