@@ -30,6 +30,7 @@ import grpc
 import numpy as np
 
 from embedding.v1 import embedding_pb2
+from server import loops
 from server.app import create_server
 from server.config import ServerConfig
 
@@ -123,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     modes = [m.strip() for m in args.modes.split(",")]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; choose from {list(MODES)}")
-    results = {mode: asyncio.run(measure(args.model_dir, mode, texts, args.callers, args.duration)) for mode in modes}
+    event_loop = ServerConfig().event_loop  # the server's own
+    results = {
+        mode: loops.run(measure(args.model_dir, mode, texts, args.callers, args.duration), event_loop) for mode in modes
+    }
     print(json.dumps(results))
 
 

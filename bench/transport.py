@@ -1,22 +1,24 @@
 """The transport ceiling: a minimal grpc.aio server from the same proto, with no tokenizer and no model.
 
-    python -m bench.transport --port 50061 [--dim 128]
+    python -m bench.transport --port 50061 [--dim 128] [--event-loop uvloop]
 
 Every Embed is answered with one fixed ``dim``-float vector per input (health answers SERVING so the
 benchmark's wait works unchanged). The same load generator that measures the real server measures this
-one, in its own process: the difference is everything the real server does beyond gRPC itself.
+one, in its own process: the difference is everything the real server does beyond gRPC itself. It runs
+on the server's default event loop unless told otherwise, so the loop is not part of that difference.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from server import loops
+from server.config import ServerConfig
 
 
 class FixedEmbedder(embedding_pb2_grpc.EmbedderServicer):
@@ -46,8 +48,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--event-loop", choices=list(loops.EVENT_LOOPS), default=ServerConfig().event_loop)
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, args.dim))
+    loops.run(serve(args.port, args.dim), args.event_loop)
 
 
 if __name__ == "__main__":

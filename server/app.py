@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from embedding.v1 import embedding_pb2
+from server import loops
 from server.auth import BearerTokenInterceptor, server_credentials
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
@@ -152,11 +153,12 @@ class EmbeddingServer:
                 self.config.metrics_host, self.config.metrics_port
             )
         log.info(
-            "gRPC on %s:%d, metrics on %s:%d; loading model",
+            "gRPC on %s:%d, metrics on %s:%d, event loop %s; loading model",
             self.config.host,
             self.port,
             self.config.metrics_host,
             self.metrics_port,
+            loops.running_loop_name(),
         )
         return self.port
 
@@ -297,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(run_workers(config, sys.argv[1:] if argv is None else list(argv)))
     try:
-        asyncio.run(serve(config))
+        loops.run(serve(config), config.event_loop)
     except FileNotFoundError as e:
         log.error("%s", e)
         sys.exit(2)

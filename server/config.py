@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from server.loops import EVENT_LOOPS
+
 # A model name travels in requests and Prometheus labels and names a Triton-style model: keep it plain.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -59,6 +61,7 @@ class ServerConfig:
     tokenizer_threads: int = 2  # threads tokenizing off the event loop
     workers: int = 1  # server processes sharing the port (SO_REUSEPORT); see server/workers.py
     reuse_port: bool = False  # let several processes bind the port; set for workers by --workers
+    event_loop: str = "uvloop"  # uvloop | asyncio (server/loops.py)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -89,6 +92,8 @@ class ServerConfig:
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
             problems.append("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.event_loop not in EVENT_LOOPS:
+            problems.append(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, not {self.event_loop!r}")
         if self.workers < 1:
             problems.append("workers must be at least 1")
         if self.max_streams < 1:
