@@ -321,9 +321,9 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         *compute_bound_limits(r),
         "What was tried, measured as A/B runs on this machine at 32 single-text clients, alternating the variants "
         "(the machine drifts by +-30% between runs, so each cell is a range over rounds; `python -m bench.ab` runs "
-        "such comparisons; `--checkout` compares two versions of the code). Rows marked *stop 21* were measured in "
-        "the session that produced this file; the others in earlier sessions of this round (*stop 18*, *stop 20*, and those "
-        "marked *earlier* while the CPU token budget was still 16384):",
+        "such comparisons; `--checkout` compares two versions of the code). Rows marked *stop 22* were measured in "
+        "the session that produced this file; the others in earlier sessions of this round (*stop 18*, *stop 20*, "
+        "*stop 21*, and those marked *earlier* while the CPU token budget was still 16384):",
         "",
         "| change | before | after | kept |",
         "|---|---|---|---|",
@@ -395,6 +395,15 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "| with truncation on, tokenizing first without truncation and again with it only for the texts that "
         "overflow (103 of the 3,000 held-out texts; identical ids on all), *stop 21*, 2 interleaved rounds, "
         "one text at a time | 70.8 and 78.5 us per text | 83.5 and 91.9 us | no: slower |",
+        "| uvloop as the event loop instead of asyncio's own (`--event-loop`), *stop 22*, `bench.ab`, 11 rounds of "
+        "5 s over three runs, medians | asyncio: 1x32 869, 1x128 1049, 8x16 1438 texts/s; server 1631, 1490, 8343 "
+        "CPU-us per request, of it the event loop 706, 604, 1092 | 890, 1079, 1464 texts/s; 1532, 1423, 8226 CPU-us; "
+        "event loop 636, 560, 990 | yes: 2-3% more texts/s (less than one round's drift) for 4-6% less CPU per "
+        "single-text request and 7-10% less on the event loop. The transport ceiling runs on the same loop: "
+        "uvloop moved it within the drift (32 clients 2761-3404 against 2996-3152 texts/s, 3 rounds) |",
+        "| tokenizers' Rayon parallelism off (`TOKENIZERS_PARALLELISM=false`), so that a one-text encode on the "
+        "event loop never hands its work to a pool thread, *stop 22*, `bench/request_path.py` full mode, 3 "
+        "interleaved rounds | 281-322 event-loop CPU-us per request | 283-307 | no: no difference |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
