@@ -282,9 +282,12 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         f"The server spent {server_cpu:.0f} CPU-us per single-text request at 32 clients, so about {extra:.0f} us "
         "per request are costs L does not count. A py-spy profile of the server under this load "
         "(`py-spy record --threads --idle -r 200`, 14 s at 32 clients, single text, this machine, taken separately "
-        "from this run) puts the event-loop thread 34% idle; of its busy time about 40% is inside grpcio's compiled "
-        "callbacks (receiving, deserialising, sending: the cost the transport ceiling also pays), 9% asyncio's own "
-        "task machinery, 24% tokenization and 27% our Python (service and pipeline 12%, batcher 10%, metrics 5%):",
+        "from this run, on uvloop) finds the event-loop thread in Python frames 36% of the time: tokenization 15%, "
+        "the batcher 7%, service and pipeline 7%, metrics 3%, asyncio helpers 2%. The other 64% lies below the "
+        "loop in native code, which py-spy does not split: uvloop, grpcio's compiled callbacks (receiving, "
+        "deserialising, sending: the cost the transport ceiling also pays) and idle time. An earlier profile on "
+        "asyncio's loop, where these are Python frames, put the thread 34% idle and 40% of its busy time in "
+        "grpcio's callbacks:",
         "",
         f"- **The CPU budget**: at 0.8 L the server and the load generator, sharing {cores} cores, may spend at most "
         f"{budget:.0f} CPU-us per single-text request together; in this run they spent {spent:.0f} "
@@ -404,6 +407,16 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "| tokenizers' Rayon parallelism off (`TOKENIZERS_PARALLELISM=false`), so that a one-text encode on the "
         "event loop never hands its work to a pool thread, *stop 22*, `bench/request_path.py` full mode, 3 "
         "interleaved rounds | 281-322 event-loop CPU-us per request | 283-307 | no: no difference |",
+        "| several batches per trip to the inference thread (formed one after another, up to max_batch_tokens "
+        "padded tokens together, run back to back in the thread), *stop 22*: a probe around each batch at 32 "
+        "clients had put the hand-over at 1.3 ms to the thread and 0.35 ms back (medians), against 2.0 ms in ONNX "
+        "Runtime for a batch of 5 texts. `bench.ab --checkout`, 3 rounds of 5 s | 1x32: 949, 944, 728; 1x128: "
+        "1163, 1240, 1146; 8x16: 1555, 1571, 1445 texts/s | 872, 937, 1003; 1046, 1032, 1173; 1339, 1507, 1296 | "
+        "no: no gain. The hand-over mostly waits for a core that the event loop and the load generator keep busy "
+        "with useful work; it is not idle time to save |",
+        "| `sys.setswitchinterval` 0.5 ms against the default 5 ms, with the same probe, *stop 22*, 2 rounds of 6 s "
+        "| hand-over to the thread 1.29 and 1.27 ms (median); 809, 876 texts/s | 1.08 and 0.97 ms; 766, 836 texts/s "
+        "| no: the GIL is a small part of the hand-over |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
