@@ -414,6 +414,10 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "1163, 1240, 1146; 8x16: 1555, 1571, 1445 texts/s | 872, 937, 1003; 1046, 1032, 1173; 1339, 1507, 1296 | "
         "no: no gain. The hand-over mostly waits for a core that the event loop and the load generator keep busy "
         "with useful work; it is not idle time to save |",
+        "| requests of several texts tokenized with one `encode` call per text on the event loop instead of one "
+        "`encode_batch` (which hands the texts to Rayon's threads: 104-118 CPU-us per text for 8 texts against "
+        "70-95 one at a time, in a microbenchmark), *stop 22*, `bench.ab --checkout`, 3 rounds of 5 s | 8x16: "
+        "1492, 1375, 1294; 8x4: 1297, 724, 1161 texts/s | 1465, 1353, 1149; 1174, 945, 741 | no: within the drift |",
         "| `sys.setswitchinterval` 0.5 ms against the default 5 ms, with the same probe, *stop 22*, 2 rounds of 6 s "
         "| hand-over to the thread 1.29 and 1.27 ms (median); 809, 876 texts/s | 1.08 and 0.97 ms; 766, 836 texts/s "
         "| no: the GIL is a small part of the hand-over |",
