@@ -48,6 +48,7 @@ CONCURRENCY = (1, 8, 32, 64, 128)
 BATCH8_CONCURRENCY = (4, 16, 32)
 TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, one text per request
 TRANSPORT_BATCH8 = (16,)
+TRANSPORT_HELD_SINGLE = (32, 128)
 COMPUTE_BOUND_CONCURRENCY = (32, 128)
 COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding runs (about 10x slower per text)
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
@@ -95,6 +96,32 @@ def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, 
             "single": load_sweep(t.address, TRANSPORT_SINGLE, texts_file, duration, watch_pid=t.pid),
             "batch8": load_sweep(t.address, TRANSPORT_BATCH8, texts_file, duration, 8, watch_pid=t.pid),
         }
+
+
+def measure_held_transport(
+    dim: int,
+    texts_file: Path,
+    duration: float,
+    server: list[dict],
+    server_batch8: list[dict],  # type: ignore[type-arg]
+) -> dict[str, list[dict]]:  # type: ignore[type-arg]
+    """The transport ceiling holding each call as long as the server's p50 at the same load.
+
+    gRPC alone then runs at about the server's rate with as many calls open: its CPU per request there,
+    against the ceiling's at its own saturated rate, is the part of the gap that is gRPC's, not our code's.
+    """
+    print("transport held as long as the server's p50 (bench/transport.py --hold-ms)", flush=True)
+    held: dict[str, list[dict]] = {"single": [], "batch8": []}  # type: ignore[type-arg]
+    for kind, sweep, levels, per_request in (
+        ("single", server, TRANSPORT_HELD_SINGLE, 1),
+        ("batch8", server_batch8, TRANSPORT_BATCH8, 8),
+    ):
+        for level in levels:
+            hold_ms = next(x for x in sweep if x["concurrency"] == level)["p50_ms"]
+            with transport_server(dim, hold_ms) as t:
+                reading = load_sweep(t.address, (level,), texts_file, duration, per_request, watch_pid=t.pid)[0]
+            held[kind].append({**reading, "hold_ms": hold_ms})
+    return held
 
 
 def measure_compute_bound(
@@ -241,13 +268,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         transport_readings = [measure_transport(runtime.dim, texts_file, args.duration)]
         print("2. server with dynamic batching", flush=True)
         with local_server(str(args.model_dir), server_flags) as server:
-            results["server"] = load_sweep(
-                server.target, CONCURRENCY, texts_file, args.duration, watch_pid=server.process.pid
-            )
+            single = load_sweep(server.target, CONCURRENCY, texts_file, args.duration, watch_pid=server.process.pid)
             print("2b. the same server, 8 texts per request", flush=True)
-            results["server_batch8"] = load_sweep(
+            batch8 = load_sweep(
                 server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8, watch_pid=server.process.pid
             )
+        results["server"], results["server_batch8"] = single, batch8
+        results["transport_held"] = measure_held_transport(runtime.dim, texts_file, args.duration, single, batch8)
         print(f"workers: --workers {WORKERS}", flush=True)
         with local_server(str(args.model_dir), [*server_flags, "--workers", str(WORKERS)]) as server:
             results["workers"] = {

@@ -235,11 +235,12 @@ class Target:
 
 
 @contextmanager
-def transport_server(dim: int) -> Iterator[Target]:
+def transport_server(dim: int, hold_ms: float = 0.0) -> Iterator[Target]:
     """bench/transport.py in its own process: the same proto answered with a fixed vector, no model."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.transport", "--port", str(port), "--dim", str(dim)], cwd=ROOT
+        [sys.executable, "-m", "bench.transport", "--port", str(port), "--dim", str(dim), "--hold-ms", str(hold_ms)],
+        cwd=ROOT,
     )
     target = f"127.0.0.1:{port}"
     try:

@@ -168,6 +168,35 @@ def transport_section(r: dict[str, Any]) -> list[str]:
                 f"{x.get('server_other_threads_cpu_us', float('nan')):.0f} | {x.get('loadgen_cpu_us', float('nan')):.0f} | "
                 f"{x.get('server_cores', float('nan')):.2f} |"
             )
+    return lines + held_transport_table(r)
+
+
+def held_transport_table(r: dict[str, Any]) -> list[str]:
+    """The transport held as long as the server's p50: gRPC's own cost per request at the server's rate."""
+    if "transport_held" not in r:  # results from before this measurement existed
+        return []
+    lines = [
+        "",
+        "The transport ceiling again, holding every call as long as the server's p50 at the same load before "
+        "answering (`bench/transport.py --hold-ms`): gRPC alone, at about the server's rate and with as many calls "
+        "open. Its CPU per request there, against the ceiling's at full speed, is the part of the server's extra "
+        "cost that belongs to gRPC, not to our code:",
+        "",
+        "| load | held ms | texts/s | event-loop thread | other threads | load generator | transport CPU-us per "
+        "request: held / full speed |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, kind, level in (
+        ("1 text x 32 clients", "single", 32),
+        ("1 text x 128 clients", "single", 128),
+        ("8 texts x 16 clients", "batch8", 16),
+    ):
+        held, full = _at(r["transport_held"][kind], level), _at(r["transport"][kind], level)
+        lines.append(
+            f"| {label} | {held['hold_ms']:.0f} | {held['texts_per_second']:.0f} | "
+            f"{held['server_main_thread_cpu_us']:.0f} | {held['server_other_threads_cpu_us']:.0f} | "
+            f"{held['loadgen_cpu_us']:.0f} | {cpu_per_request(held):.0f} / {cpu_per_request(full):.0f} |"
+        )
     return lines
 
 
@@ -253,6 +282,33 @@ def cpu_per_request(x: dict[str, Any]) -> float:
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
 
 
+def held_transport_limits(r: dict[str, Any], server_cpu: float, transport_cpu: float, raw_cpu_us: float) -> list[str]:
+    """How much of the cost L does not count is gRPC's own at the server's rate, and the bound that leaves."""
+    if "transport_held" not in r:
+        return []
+    held, server32 = _at(r["transport_held"]["single"], 32), _at(r["server"], 32)
+    full = _at(r["transport"]["single"], 32)
+    held_cpu = cpu_per_request(held)
+    grpc_extra = held_cpu - transport_cpu
+    ours = server_cpu - raw_cpu_us - held_cpu
+    cores = r["machine"]["cores"]
+    # A server whose own code cost nothing: the model's cost, gRPC's at this rate, the load generator's at this rate.
+    bound = cores * 1e6 / (raw_cpu_us + held_cpu + held["loadgen_cpu_us"])
+    limit = limits(r)["1 text x 32 clients"]["limit"]
+    return [
+        f"- **gRPC at the server's rate**: holding every call for the server's p50 at 32 clients "
+        f"({held['hold_ms']:.0f} ms), the transport alone ran at {held['texts_per_second']:.0f} requests/s "
+        f"(the server: {server32['texts_per_second']:.0f}) and its server cost {held_cpu:.0f} CPU-us per request, "
+        f"against {transport_cpu:.0f} at its full-speed ceiling; its load generator {held['loadgen_cpu_us']:.0f} "
+        f"against {full['loadgen_cpu_us']:.0f}. At a batching server's rate gRPC pays its wake-ups (the event "
+        "loop's, its poller's, the client's) for fewer calls each. So of the costs L does not count, about "
+        f"{grpc_extra:.0f} CPU-us per request are gRPC's own at this rate and {ours:.0f} are our code's "
+        "(tokenization, batching, the hand-over to the inference thread, ONNX Runtime on small batches). A server "
+        f"whose own code cost nothing would, with every core busy, reach at most {bound:.0f} texts/s here: "
+        f"{bound / limit:.2f} L.",
+    ]
+
+
 def limits_section(r: dict[str, Any]) -> list[str]:
     """Where the time goes against the serial limit: this run's CPU figures, the profile, what was tried."""
     lim = limits(r)
@@ -301,6 +357,7 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "loop is also the one thread every request passes through, and it holds the GIL: the kernel's scheduler "
         "statistics (`/proc/PID/task/TID/schedstat`, 4 s at 32 clients) showed it busy 0.66 of a core and waiting "
         "for a core another 0.24 s per second, behind ONNX Runtime's threads and the load generator.",
+        *held_transport_limits(r, server_cpu, transport_cpu, raw_cpu_us),
         "- **Tokenization on the event loop**: the held-out texts average 133 characters and cost 66 us each to "
         "tokenize one at a time (47 us per text in one `encode` call over all 3,000; measured separately). The "
         "transport ceiling does not tokenize.",

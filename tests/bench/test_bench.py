@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,22 @@ def test_transport_ceiling_server_answers_each_input_with_a_fixed_vector(tmp_pat
         result = run_loadgen(target.address, texts, *flags)
     assert result["requests"] > 0 and result["errors"] == 0
     assert result["server_main_thread_cpu_us"] > 0 and result["loadgen_cpu_us"] > 0
+
+
+def test_the_held_transport_answers_each_call_only_after_holding_it() -> None:
+    import grpc
+
+    from bench.measure import transport_server
+    from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+
+    with transport_server(dim=4, hold_ms=300) as target, grpc.insecure_channel(target.address) as channel:
+        stub = embedding_pb2_grpc.EmbedderStub(channel)
+        stub.Embed(embedding_pb2.EmbedRequest(inputs=["warm"]), timeout=10)
+        started = time.perf_counter()
+        response = stub.Embed(embedding_pb2.EmbedRequest(inputs=["a", "b"]), timeout=10)
+        held = time.perf_counter() - started
+    assert [len(e.values) for e in response.embeddings] == [4, 4]
+    assert held >= 0.3, held  # a lower bound only: holding is the behaviour, not a speed
 
 
 def test_ab_runs_alternate_the_variants_and_pass_their_flags(tiny_artifacts: Path, tmp_path: Path) -> None:
