@@ -105,19 +105,20 @@ def measure_held_transport(
     server: list[dict],
     server_batch8: list[dict],  # type: ignore[type-arg]
 ) -> dict[str, list[dict]]:  # type: ignore[type-arg]
-    """The transport ceiling holding each call as long as the server's p50 at the same load.
+    """The transport ceiling holding each call as long as the server took per call at the same load.
 
     gRPC alone then runs at about the server's rate with as many calls open: its CPU per request there,
     against the ceiling's at its own saturated rate, is the part of the gap that is gRPC's, not our code's.
     """
-    print("transport held as long as the server's p50 (bench/transport.py --hold-ms)", flush=True)
+    print("transport held as long as the server took per call (bench/transport.py --hold-ms)", flush=True)
     held: dict[str, list[dict]] = {"single": [], "batch8": []}  # type: ignore[type-arg]
     for kind, sweep, levels, per_request in (
         ("single", server, TRANSPORT_HELD_SINGLE, 1),
         ("batch8", server_batch8, TRANSPORT_BATCH8, 8),
     ):
         for level in levels:
-            hold_ms = next(x for x in sweep if x["concurrency"] == level)["p50_ms"]
+            # The server's mean time per call at this load: held that long, the transport runs at its rate.
+            hold_ms = 1000 * level / next(x for x in sweep if x["concurrency"] == level)["requests_per_second"]
             with transport_server(dim, hold_ms) as t:
                 reading = load_sweep(t.address, (level,), texts_file, duration, per_request, watch_pid=t.pid)[0]
             held[kind].append({**reading, "hold_ms": hold_ms})

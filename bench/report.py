@@ -172,15 +172,15 @@ def transport_section(r: dict[str, Any]) -> list[str]:
 
 
 def held_transport_table(r: dict[str, Any]) -> list[str]:
-    """The transport held as long as the server's p50: gRPC's own cost per request at the server's rate."""
+    """The transport held as long as the server took per call: gRPC's own cost per request at the server's rate."""
     if "transport_held" not in r:  # results from before this measurement existed
         return []
     lines = [
         "",
-        "The transport ceiling again, holding every call as long as the server's p50 at the same load before "
-        "answering (`bench/transport.py --hold-ms`): gRPC alone, at about the server's rate and with as many calls "
-        "open. Its CPU per request there, against the ceiling's at full speed, is the part of the server's extra "
-        "cost that belongs to gRPC, not to our code:",
+        "The transport ceiling again, holding every call before answering as long as the server took per call at "
+        "the same load (clients / the server's requests per second; `bench/transport.py --hold-ms`): gRPC alone, at "
+        "about the server's rate and with as many calls open. Its CPU per request there, against the ceiling's at "
+        "full speed, is the part of the server's extra cost that belongs to gRPC, not to our code:",
         "",
         "| load | held ms | texts/s | event-loop thread | other threads | load generator | transport CPU-us per "
         "request: held / full speed |",
@@ -289,23 +289,26 @@ def held_transport_limits(r: dict[str, Any], server_cpu: float, transport_cpu: f
     held, server32 = _at(r["transport_held"]["single"], 32), _at(r["server"], 32)
     full = _at(r["transport"]["single"], 32)
     held_cpu = cpu_per_request(held)
-    grpc_extra = held_cpu - transport_cpu
-    ours = server_cpu - raw_cpu_us - held_cpu
     cores = r["machine"]["cores"]
     # A server whose own code cost nothing: the model's cost, gRPC's at this rate, the load generator's at this rate.
     bound = cores * 1e6 / (raw_cpu_us + held_cpu + held["loadgen_cpu_us"])
     limit = limits(r)["1 text x 32 clients"]["limit"]
+    rate_ratio = held["requests_per_second"] / server32["requests_per_second"]
+    caveat = (
+        f" The two rates differ by {abs(rate_ratio - 1):.0%} in this run, so the machine's drift moved one of the "
+        "readings: read these figures with care."
+        if abs(rate_ratio - 1) > 0.2
+        else ""
+    )
     return [
-        f"- **gRPC at the server's rate**: holding every call for the server's p50 at 32 clients "
-        f"({held['hold_ms']:.0f} ms), the transport alone ran at {held['texts_per_second']:.0f} requests/s "
-        f"(the server: {server32['texts_per_second']:.0f}) and its server cost {held_cpu:.0f} CPU-us per request, "
+        f"- **gRPC at the server's rate**: holding every call for the server's time per call at 32 clients "
+        f"({held['hold_ms']:.1f} ms), the transport alone ran at {held['requests_per_second']:.0f} requests/s (the "
+        f"server: {server32['requests_per_second']:.0f}) and its server cost {held_cpu:.0f} CPU-us per request, "
         f"against {transport_cpu:.0f} at its full-speed ceiling; its load generator {held['loadgen_cpu_us']:.0f} "
-        f"against {full['loadgen_cpu_us']:.0f}. At a batching server's rate gRPC pays its wake-ups (the event "
-        "loop's, its poller's, the client's) for fewer calls each. So of the costs L does not count, about "
-        f"{grpc_extra:.0f} CPU-us per request are gRPC's own at this rate and {ours:.0f} are our code's "
-        "(tokenization, batching, the hand-over to the inference thread, ONNX Runtime on small batches). A server "
-        f"whose own code cost nothing would, with every core busy, reach at most {bound:.0f} texts/s here: "
-        f"{bound / limit:.2f} L.",
+        f"against {full['loadgen_cpu_us']:.0f}.{caveat} At a batching server's rate gRPC pays its wake-ups (the "
+        "event loop's, its poller's, the client's) for fewer calls each, while L charges it the full-speed cost. "
+        "A server whose own code cost nothing, paying the model's cost in large batches and gRPC's at this rate, "
+        f"would reach at most {bound:.0f} texts/s here with every core busy: {bound / limit:.2f} L.",
     ]
 
 
