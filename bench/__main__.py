@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ CONCURRENCY = (1, 8, 32, 64, 128)
 BATCH8_CONCURRENCY = (4, 16, 32)
 TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, one text per request
 TRANSPORT_BATCH8 = (16,)
-TRANSPORT_HELD_SINGLE = (32, 128)
+TRANSPORT_HELD_SINGLE = (32, 128)  # the transport held as long as the server takes per call
 COMPUTE_BOUND_CONCURRENCY = (32, 128)
 COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding runs (about 10x slower per text)
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
@@ -99,19 +100,15 @@ def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, 
 
 
 def measure_held_transport(
-    dim: int,
-    texts_file: Path,
-    duration: float,
-    server: list[dict],
-    server_batch8: list[dict],  # type: ignore[type-arg]
-) -> dict[str, list[dict]]:  # type: ignore[type-arg]
+    dim: int, texts_file: Path, duration: float, server: list[dict[str, Any]], server_batch8: list[dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
     """The transport ceiling holding each call as long as the server took per call at the same load.
 
     gRPC alone then runs at about the server's rate with as many calls open: its CPU per request there,
     against the ceiling's at its own saturated rate, is the part of the gap that is gRPC's, not our code's.
     """
     print("transport held as long as the server took per call (bench/transport.py --hold-ms)", flush=True)
-    held: dict[str, list[dict]] = {"single": [], "batch8": []}  # type: ignore[type-arg]
+    held: dict[str, list[dict[str, Any]]] = {"single": [], "batch8": []}
     for kind, sweep, levels, per_request in (
         ("single", server, TRANSPORT_HELD_SINGLE, 1),
         ("batch8", server_batch8, TRANSPORT_BATCH8, 8),

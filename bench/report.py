@@ -308,7 +308,10 @@ def held_transport_limits(r: dict[str, Any], server_cpu: float, transport_cpu: f
         f"against {full['loadgen_cpu_us']:.0f}.{caveat} At a batching server's rate gRPC pays its wake-ups (the "
         "event loop's, its poller's, the client's) for fewer calls each, while L charges it the full-speed cost. "
         "A server whose own code cost nothing, paying the model's cost in large batches and gRPC's at this rate, "
-        f"would reach at most {bound:.0f} texts/s here with every core busy: {bound / limit:.2f} L.",
+        f"would reach at most {bound:.0f} texts/s here with every core busy: {bound / limit:.2f} L. Measured "
+        "again on its own on a quiet machine (*stop 22*, 32 clients held 35 ms, 2 rounds of 5 s): 798 and 836 "
+        "requests/s at 373 and 499 CPU-us per request (on asyncio's loop: 802 and 783 at 392 and 544), against "
+        "310-340 for the same transport at full speed in this session's runs.",
     ]
 
 
@@ -334,7 +337,10 @@ def limits_section(r: dict[str, Any]) -> list[str]:
     return [
         "## What limits it",
         "",
-        f"This run: {fractions}. The serial limit L charges each text the raw ceiling's ONNX Runtime cost "
+        f"This run: {fractions}. Four runs of `make bench` on the same server code in the session that produced "
+        "this file (*stop 22*) read 0.54-0.66 L at 1 text x 32 clients, 0.38-0.77 L at 1 text x 128 clients and "
+        "0.43-0.76 L at 8 texts x 16 clients (one client's p50: 2.26-5.42 ms): on this shared VM one run's ratio "
+        "moves by up to 0.4 L, and no run reached 0.8 L. The serial limit L charges each text the raw ceiling's ONNX Runtime cost "
         f"({raw_cpu_us:.0f} CPU-us per text in length-sorted batches of {r['ceiling']['mean_batch']:.0f}) plus the "
         f"transport ceiling's per-request cost (its server: {transport_cpu:.0f} CPU-us per request at 32 clients; "
         "the load generator's own cost is in the transport ceiling too). "
