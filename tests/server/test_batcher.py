@@ -199,7 +199,9 @@ def test_max_delay_lets_a_batch_fill_at_low_load() -> None:
         batcher.start()
 
         async def late(n: int) -> None:
-            await asyncio.sleep(0.02 * n)
+            # 100 ms apart: a batch of one runs in well under that even on a loaded 2-core CI machine
+            # (20 ms apart, a stalled thread start once let two requests share a batch there).
+            await asyncio.sleep(0.1 * n)
             await batcher.submit([row(3)])
 
         await asyncio.gather(*(late(n) for n in range(3)))
@@ -207,7 +209,7 @@ def test_max_delay_lets_a_batch_fill_at_low_load() -> None:
         return runtime.batches
 
     assert len(asyncio.run(run(0.0))) == 3  # idle backend: each request leaves at once
-    assert len(asyncio.run(run(0.2))) == 1  # a fill window gathers the three
+    assert len(asyncio.run(run(0.6))) == 1  # a fill window gathers the three (they arrive within 0.2 s)
 
 
 def test_fifo_policy_takes_items_in_arrival_order_within_the_budget() -> None:
