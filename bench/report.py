@@ -13,16 +13,25 @@ def _at(sweep: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
     return next(r for r in sweep if r["concurrency"] == concurrency)
 
 
+# The loads the serial-limit targets name: label, kind of request (the results' key), clients.
+TARGET_LOADS = (
+    ("1 text x 32 clients", "single", 32),
+    ("1 text x 128 clients", "single", 128),
+    ("8 texts x 16 clients", "batch8", 16),
+)
+
+
+def server_sweep(r: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return r["server"] if kind == "single" else r["server_batch8"]
+
+
 def limits(r: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Server, transport ceiling and serial limit L (texts/s) at the levels the targets name."""
     raw = r["ceiling"]["texts_per_second"]
     out = {}
-    for key, sweep, transport, level in (
-        ("1 text x 32 clients", r["server"], r["transport"]["single"], 32),
-        ("1 text x 128 clients", r["server"], r["transport"]["single"], 128),
-        ("8 texts x 16 clients", r["server_batch8"], r["transport"]["batch8"], 16),
-    ):
-        server, ceiling = _at(sweep, level)["texts_per_second"], _at(transport, level)["texts_per_second"]
+    for key, kind, level in TARGET_LOADS:
+        server = _at(server_sweep(r, kind), level)["texts_per_second"]
+        ceiling = _at(r["transport"][kind], level)["texts_per_second"]
         limit = serial_limit(raw, ceiling)
         out[key] = {"server": server, "transport": ceiling, "limit": limit, "fraction": server / limit}
     return out
@@ -156,12 +165,8 @@ def transport_section(r: dict[str, Any]) -> list[str]:
         "| load | process | texts/s | event-loop thread | other threads | load generator | server cores busy |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for label, server_sweep, transport_sweep, level in (
-        ("1 text x 32 clients", r["server"], r["transport"]["single"], 32),
-        ("1 text x 128 clients", r["server"], r["transport"]["single"], 128),
-        ("8 texts x 16 clients", r["server_batch8"], r["transport"]["batch8"], 16),
-    ):
-        for name, sweep in (("transport ceiling", transport_sweep), ("server", server_sweep)):
+    for label, kind, level in TARGET_LOADS:
+        for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", server_sweep(r, kind))):
             x = _at(sweep, level)
             lines.append(
                 f"| {label} | {name} | {x['texts_per_second']:.0f} | {x.get('server_main_thread_cpu_us', float('nan')):.0f} | "
@@ -186,11 +191,7 @@ def held_transport_table(r: dict[str, Any]) -> list[str]:
         "request: held / full speed |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for label, kind, level in (
-        ("1 text x 32 clients", "single", 32),
-        ("1 text x 128 clients", "single", 128),
-        ("8 texts x 16 clients", "batch8", 16),
-    ):
+    for label, kind, level in TARGET_LOADS:
         held, full = _at(r["transport_held"][kind], level), _at(r["transport"][kind], level)
         lines.append(
             f"| {label} | {held['hold_ms']:.0f} | {held['texts_per_second']:.0f} | "
@@ -282,17 +283,16 @@ def cpu_per_request(x: dict[str, Any]) -> float:
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
 
 
-def held_transport_limits(r: dict[str, Any], server_cpu: float, transport_cpu: float, raw_cpu_us: float) -> list[str]:
+def held_transport_limits(r: dict[str, Any], raw_cpu_us: float, limit: float) -> list[str]:
     """How much of the cost L does not count is gRPC's own at the server's rate, and the bound that leaves."""
     if "transport_held" not in r:
         return []
     held, server32 = _at(r["transport_held"]["single"], 32), _at(r["server"], 32)
     full = _at(r["transport"]["single"], 32)
-    held_cpu = cpu_per_request(held)
+    held_cpu, transport_cpu = cpu_per_request(held), cpu_per_request(full)
     cores = r["machine"]["cores"]
     # A server whose own code cost nothing: the model's cost, gRPC's at this rate, the load generator's at this rate.
     bound = cores * 1e6 / (raw_cpu_us + held_cpu + held["loadgen_cpu_us"])
-    limit = limits(r)["1 text x 32 clients"]["limit"]
     rate_ratio = held["requests_per_second"] / server32["requests_per_second"]
     caveat = (
         f" The two rates differ by {abs(rate_ratio - 1):.0%} in this run, so the machine's drift moved one of the "
@@ -369,17 +369,18 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         f"{path['full']['mean_batch']:.1f} texts): the cut needed is {cut / ours:.0%} of all of it. "
         "The event "
         "loop is also the one thread every request passes through, and it holds the GIL: the kernel's scheduler "
-        "statistics (`/proc/PID/task/TID/schedstat`, 4 s at 32 clients) showed it busy 0.66 of a core and waiting "
+        "statistics (`/proc/PID/task/TID/schedstat`, 4 s at 32 clients, *an earlier session*, on asyncio's loop) showed it busy 0.66 of a core and waiting "
         "for a core another 0.24 s per second, behind ONNX Runtime's threads and the load generator.",
-        *held_transport_limits(r, server_cpu, transport_cpu, raw_cpu_us),
-        "- **Tokenization on the event loop**: the held-out texts average 133 characters and cost 66 us each to "
-        "tokenize one at a time (47 us per text in one `encode` call over all 3,000; measured separately). The "
-        "transport ceiling does not tokenize.",
+        *held_transport_limits(r, raw_cpu_us, lim["1 text x 32 clients"]["limit"]),
+        "- **Tokenization on the event loop**: the held-out texts average 133 characters. One at a time a text cost "
+        "70-104 CPU-us to tokenize in a microbenchmark (*stop 22*, 300 calls per size, 2 rounds); `encode_batch` over "
+        "8 to 32 texts cost 55-75 us of wall time per text but 97-118 CPU-us, spread over Rayon's threads. "
+        f"In the server (`bench/request_path.py`, this run) tokenization cost {tokenize:.0f} event-loop CPU-us per "
+        "request. The transport ceiling does not tokenize.",
         "- **Inference in small batches**: with single-text requests at 32 clients the batcher closes a batch as soon "
-        "as the inference thread is free, and the length-sorted padding cap splits the random length mix: the server's "
-        "metrics showed batches of 4.2 texts on average taking 5.0 ms each (1.2 ms per text, wall time, sharing the "
-        f"cores with the event loop), against {1000 / raw:.2f} ms per text in the raw ceiling's large sorted batches; every "
-        "batch also pays the wake-up of the sleeping intra-op thread. A probe around each batch (*stop 22*, 32 "
+        "as the inference thread is free, and the length-sorted padding cap splits the random length mix, so batches "
+        f"are small and cost far more per text than the {1000 / raw:.2f} ms per text of the raw ceiling's large "
+        "sorted batches; every batch also pays the wake-up of the sleeping intra-op thread. A probe around each batch (*stop 22*, 32 "
         "clients, 3 runs of 6 s, on uvloop; batches of 4.7-5.2 texts) split a batch's 4.1 ms (median; mean 5.5-5.7) into 1.3 ms "
         "from the event loop handing it over until the inference thread runs it, 0.05 ms padding, 2.0 ms in ONNX "
         "Runtime (mean 3.5: its threads wait for cores) and 0.35 ms until the event loop resumes. Carrying several "
@@ -389,11 +390,11 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         f"other than the event loop (mostly ONNX Runtime) spent {b8['server_other_threads_cpu_us'] / 8:.0f} CPU-us per "
         f"text, against {raw_cpu_us:.0f} in the raw ceiling: the event loop and the inference thread take turns more "
         "than they overlap (batches of 13.6 texts on average, 8.9 ms each, from the server's metrics in a separate "
-        "run). This load was not profiled separately.",
+        "run, *an earlier session*). This load was not profiled separately.",
         "- **One client**: the transport ceiling alone answers one client at p50 "
         f"{transport_one:.2f} ms here; the server's {one_client:.2f} ms adds tokenization, the hop to the inference "
         "thread and back, and ONNX Runtime waking its sleeping intra-op thread for each operator. "
-        "An A/B run (two rounds, 5 s each) put one-client p50 at 2.36-2.40 ms with spinning off (the default), "
+        "An A/B run (*an earlier session*, two rounds, 5 s each, asyncio's loop) put one-client p50 at 2.36-2.40 ms with spinning off (the default), "
         "1.91-1.99 ms with it on and 2.21-2.46 ms with `--intra-op-threads 1`; spinning on cost 32-client "
         "throughput (699-879 against 902-932 texts/s), so the default stays off.",
         "",
@@ -533,8 +534,10 @@ def compute_bound_limits(r: dict[str, Any]) -> list[str]:
         f"- **int8 on the MiniLM-sized model**: {seconds['ONNX Runtime fp32'] / seconds.get('ONNX Runtime int8', float('nan')):.2f}x "
         f"on the {shape[0]} x {shape[1]} batch in this run, {build['fp32_seconds_per_batch'] / timed:.2f}x on the "
         f"{build['timed_batch'][0]} x {build['timed_batch'][1]} batch the export timed. The ratio moves with the machine: "
-        "repeated interleaved measurements of the same 32 x 128 batch gave 1.78x, 1.85x and 1.93x within ten minutes. "
-        "Options of ONNX Runtime's dynamic quantization, measured side by side on this model (32 x 48 / 32 x 128, against "
+        "the four `make bench` runs of *stop 22* gave 1.78x, 1.75x, 1.69x and 1.78x, and repeated interleaved "
+        "measurements of the same 32 x 128 batch in an earlier session 1.78x, 1.85x and 1.93x within ten minutes. "
+        "Options of ONNX Runtime's dynamic quantization, measured side by side on this model in an earlier session "
+        "(32 x 48 / 32 x 128, against "
         "fp32): plain 1.87x / 1.90x, per-channel 1.89x / 1.88x, `reduce_range` 1.87x / 1.91x, both 1.90x / 1.75x, "
         "MatMul only 1.92x / 1.86x, all at cosine >= 0.9999 on these untrained weights: none is faster. On the real "
         "all-MiniLM-L6-v2 (an earlier session), per-channel scales kept mean cosine 0.991 to fp32 on real sentences "
