@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Added to the attention scores of padded keys. Large enough that exp() underflows to exactly 0 in
-# fp32, finite so that a row whose keys are all padding gives a uniform softmax instead of NaN.
-# (fp16 conversion clamps it to -65504, which still underflows.)
-MASK_VALUE = -1e9
+# Added to the attention scores of padded keys: exp() of it underflows to exactly 0 in fp32 and fp16,
+# so a padded key gets no weight while any real key is left. Small enough that a score plus it stays
+# finite in fp16 (max 65504), so a row whose keys are all padding softmaxes to finite weights, not NaN.
+MASK_VALUE = -1e4
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,11 @@ def scaled_dot_product_attention(
     q, k, v: (B, nh, T, hs); key_padding_mask: (B, T) bool, True where the key is padding.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
-    scores = scores.masked_fill(key_padding_mask[:, None, None, :], mask_value)
+    # Added, not masked_fill: exported, masked_fill is a Where that ONNX Runtime's CPU kernel broadcasts
+    # slowly, 11% of a MiniLM-sized fp32 forward at 128 tokens and 21% of the int8 one; a broadcast Add
+    # of the (B, 1, 1, T) bias costs a quarter of that. Same weights: exp(bias) is exactly 0 either way.
+    bias = key_padding_mask[:, None, None, :].to(scores.dtype) * mask_value  # (B, 1, 1, T)
+    scores = scores + bias
     weights = F.softmax(scores, dim=-1)  # (B, nh, T, T)
     weights = F.dropout(weights, p=dropout_p, training=training)
     return weights @ v  # (B, nh, T, hs)
