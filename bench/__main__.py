@@ -348,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_report(results, args.out)
     for target, measured, bar, met in targets(results):
-        print(f"{'met   ' if met else 'MISSED'} {target}: {measured} (bar {bar})")
+        label = {True: "met   ", False: "MISSED", None: "NOT MEASURED"}[met]
+        print(f"{label} {target}: {measured} (bar {bar})")
     print(f"wrote {args.out / 'benchmarks.md'} in {results['bench_seconds']:.0f} s")
 
 

@@ -192,6 +192,25 @@ def test_serial_limit_adds_the_two_costs_per_text() -> None:
     assert round(serial_limit(4000, 2000)) == 1333
 
 
+def test_a_transport_ceiling_below_the_server_leaves_the_target_unmeasured() -> None:
+    # A run on a machine that stalled through both transport readings once marked 1.27 L as met.
+    from bench.report import targets
+
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    (server,) = [x for x in run["server"] if x["concurrency"] == 32]
+    (transport,) = [x for x in run["transport"]["single"] if x["concurrency"] == 32]
+
+    def row() -> tuple[str, str, str, bool | None]:
+        (found,) = [t for t in targets(run) if t[0] == "server vs serial limit L, 1 text x 32 clients"]
+        return found
+
+    transport["texts_per_second"] = server["texts_per_second"] * 3
+    assert isinstance(row()[3], bool) and row()[1].endswith(" texts/s)")
+    transport["texts_per_second"] = server["texts_per_second"] * 0.9
+    assert row()[3] is None
+    assert row()[1].startswith("not known")
+
+
 def test_gpu_check_without_a_gpu_says_so_and_fails(tmp_path: Path) -> None:
     # An nvidia-smi that lists no device (as on a machine without a GPU or driver) stands first in PATH.
     fake = tmp_path / "nvidia-smi"
