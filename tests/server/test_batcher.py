@@ -403,7 +403,12 @@ def test_close_answers_the_running_batch_and_keeps_the_event_loop_free() -> None
 
         beating = asyncio.create_task(heartbeat())
         closing = asyncio.create_task(batcher.close())
-        await asyncio.sleep(0.3)  # close() waits for the held batch; the loop must keep running
+        # close() waits for the held batch; the loop must keep running meanwhile. Waited for by ticks, not
+        # a fixed sleep: a stalled machine once gave 9 ticks in 0.3 s. A close() that blocked the loop
+        # would hold it until the held batch gives up (10 s), past this deadline, with no ticks.
+        deadline = asyncio.get_running_loop().time() + 5
+        while ticks < 10 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
         assert ticks >= 10 and not closing.done()
         runtime.release.set()
         await asyncio.wait_for(closing, 5)
