@@ -343,6 +343,19 @@ def held_transport_limits(r: dict[str, Any], raw_cpu_us: float, limit: float) ->
     ]
 
 
+def one_client_bound(transport_p50_ms: float, single_text_ms: float) -> str:
+    """What the one-client bar leaves once gRPC alone and the model alone are paid, one after the other."""
+    bar = single_text_ms + 1
+    floor = transport_p50_ms + single_text_ms
+    if floor <= bar:
+        return f"gRPC alone and the model alone take {floor:.2f} ms of the bar's {bar:.2f} ms. "
+    return (
+        f"gRPC alone and the model alone, which one request pays one after the other, take {floor:.2f} ms: "
+        f"more than the bar's {bar:.2f} ms before tokenization or any hand-over (medians of separate "
+        "measurements, so the sum is approximate): on this gRPC stack and machine the bar is out of reach. "
+    )
+
+
 def limits_section(r: dict[str, Any]) -> list[str]:
     """Where the time goes against the serial limit: this run's CPU figures, the profile, what was tried."""
     lim = limits(r)
@@ -430,6 +443,7 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "- **One client**: the transport ceiling alone answers one client at p50 "
         f"{transport_one:.2f} ms here; the server's {one_client:.2f} ms adds tokenization, the hop to the inference "
         "thread and back, and ONNX Runtime waking its sleeping intra-op thread for each operator. "
+        f"{one_client_bound(transport_one, r['single_text_ms'])}"
         "An A/B run (*an earlier session*, two rounds, 5 s each, asyncio's loop) put one-client p50 at 2.36-2.40 ms with spinning off (the default), "
         "1.91-1.99 ms with it on and 2.21-2.46 ms with `--intra-op-threads 1`; spinning on cost 32-client "
         "throughput (699-879 against 902-932 texts/s), so the default stays off.",
