@@ -566,6 +566,10 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "of a MatMul and an Add, trained 1.5 M model, *stop 23*, kernel time per batch (ONNX Runtime's profiler, 8 "
         "runs), 2 rounds, 32 x 128 / 32 x 32 | 38.7, 38.1 / 8.4, 8.6 ms | 40.8, 40.3 / 8.6, 9.4 ms | no: the Adds "
         "left the profile, the Gemms took longer than the MatMuls and Adds together |",
+        "| ONNX Runtime's dynamic work split for its intra-op threads (`session.dynamic_block_base` 4), trained "
+        "1.5 M model, 2 threads spinning, *stop 23*, 3 interleaved rounds, median ms per batch at 32 x 128 / 32 x 32 "
+        "/ 6 x 40 | 33.7, 32.1, 31.3 / 6.9, 6.7, 7.0 / 2.26, 2.05, 2.11 | 32.8, 32.3, 43.2 / 8.5, 6.7, 6.9 / 2.60, "
+        "2.00, 2.57 | no |",
         "| static int8 quantization (`quantize_static`, QDQ and QOperator formats, MinMax calibration on random "
         "padded batches; MatMul only, and MatMul and Add) against the dynamic quantization kept, MiniLM-sized model, "
         "*stop 23*, 2 rounds, gain over fp32 at 32 x 48 / 32 x 128 | dynamic: 2.34x, 2.42x / 1.87x, 1.79x, mean "
