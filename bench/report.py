@@ -306,6 +306,11 @@ def cpu_per_request(x: dict[str, Any]) -> float:
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
 
 
+# The transport held 35 ms at 32 clients on a quiet machine (stop 23, bench/transport.py --hold-ms 35 and
+# bench.loadgen --watch-pid, 5 s each): requests/s, its server's and the load generator's CPU-us per request.
+QUIET_HELD_READINGS = ((860, 418, 276), (846, 352, 258))
+
+
 def held_transport_limits(r: dict[str, Any], raw_cpu_us: float, limit: float) -> list[str]:
     """How much of the cost L does not count is gRPC's own at the server's rate, and the bound that leaves."""
     if "transport_held" not in r:
@@ -316,6 +321,8 @@ def held_transport_limits(r: dict[str, Any], raw_cpu_us: float, limit: float) ->
     cores = r["machine"]["cores"]
     # A server whose own code cost nothing: the model's cost, gRPC's at this rate, the load generator's at this rate.
     bound = cores * 1e6 / (raw_cpu_us + held_cpu + held["loadgen_cpu_us"])
+    quiet = [cores * 1e6 / (raw_cpu_us + srv + gen) for _, srv, gen in QUIET_HELD_READINGS]
+    left = [cores * 1e6 / (0.8 * limit) - raw_cpu_us - srv - gen for _, srv, gen in QUIET_HELD_READINGS]
     rate_ratio = held["requests_per_second"] / server32["requests_per_second"]
     caveat = (
         f" The two rates differ by {abs(rate_ratio - 1):.0%} in this run, so the machine's drift moved one of the "
@@ -336,10 +343,13 @@ def held_transport_limits(r: dict[str, Any], raw_cpu_us: float, limit: float) ->
         "requests/s at 373 and 499 CPU-us per request (on asyncio's loop: 802 and 783 at 392 and 544), against "
         "273-380 for the same transport at full speed in that session's four runs. Two later readings in the "
         "benchmark's own sequence ran at 641 and 429 requests/s, p99 110 and 368 ms: the machine's hiccups, as in "
-        "the benchmark runs, so the quiet readings are the ones used here. With those two readings and "
-        "this run's model cost, a server whose own code cost nothing would reach 1,349-1,519 texts/s (0.82-0.92 "
+        "the benchmark runs. Two quiet readings in *stop 23* (32 clients held 35 ms, 5 s each), with the load "
+        "generator's cost: "
+        + ", ".join(f"{rps} requests/s at {srv} + {gen} CPU-us" for rps, srv, gen in QUIET_HELD_READINGS)
+        + f" (server + load generator). With these and this run's model cost, a server whose own code cost nothing "
+        f"would reach {min(quiet):.0f}-{max(quiet):.0f} texts/s ({min(quiet) / limit:.2f}-{max(quiet) / limit:.2f} "
         "of this run's L), and at 0.8 L all of our own code (tokenization, batching, the hand-over, ONNX Runtime "
-        "on small batches) could cost 37-203 CPU-us per request together.",
+        f"on small batches) could cost {min(left):.0f}-{max(left):.0f} CPU-us per request together.",
     ]
 
 
