@@ -38,7 +38,7 @@ from bench.measure import (
     traffic,
     transport_server,
 )
-from bench.report import targets, write_report
+from bench.report import at, targets, write_report
 from loadtest.run import ROOT, local_server
 from server.batcher import BatchPolicy
 from server.config import ServerConfig
@@ -115,7 +115,7 @@ def measure_held_transport(
     ):
         for level in levels:
             # The server's mean time per call at this load: held that long, the transport runs at its rate.
-            hold_ms = 1000 * level / next(x for x in sweep if x["concurrency"] == level)["requests_per_second"]
+            hold_ms = 1000 * level / at(sweep, level)["requests_per_second"]
             with transport_server(dim, hold_ms) as t:
                 reading = load_sweep(t.address, (level,), texts_file, duration, per_request, watch_pid=t.pid)[0]
             held[kind].append({**reading, "hold_ms": hold_ms})

@@ -9,7 +9,8 @@ from typing import Any
 from bench.measure import serial_limit
 
 
-def _at(sweep: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+def at(sweep: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    """The reading of a load sweep at this many clients."""
     return next(r for r in sweep if r["concurrency"] == concurrency)
 
 
@@ -29,26 +30,27 @@ MET_LABELS = {True: "yes", False: "**no**", None: "**not measured**"}
 
 
 def limits(r: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Server, transport ceiling and serial limit L (texts/s) at the levels the targets name.
-
-    ``disturbed`` (1.0) marks a load where the transport ceiling read below the server itself: the server
-    does everything the transport does and more, on the same load generator, so only a machine that
-    stalled through both transport readings gives that, and L is then not known.
-    """
+    """Server, transport ceiling and serial limit L (texts/s) at the levels the targets name."""
     raw = r["ceiling"]["texts_per_second"]
     out = {}
     for key, kind, level in TARGET_LOADS:
-        server = _at(server_sweep(r, kind), level)["texts_per_second"]
-        ceiling = _at(r["transport"][kind], level)["texts_per_second"]
+        server = at(server_sweep(r, kind), level)["texts_per_second"]
+        ceiling = at(r["transport"][kind], level)["texts_per_second"]
         limit = serial_limit(raw, ceiling)
         out[key] = {
             "server": server,
             "transport": ceiling,
             "limit": limit,
             "fraction": server / limit,
-            "disturbed": float(ceiling < server),
         }
     return out
+
+
+def disturbed(x: dict[str, float]) -> bool:
+    """A transport ceiling below the server itself: the server does everything the transport does and
+    more, on the same load generator, so only a machine that stalled through both transport readings
+    gives that, and L is then not known."""
+    return x["transport"] < x["server"]
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
@@ -59,7 +61,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     rows: list[tuple[str, str, str, bool | None]] = []
     for key, x in limits(r).items():
         measured = f"{x['fraction']:.2f} L ({x['server']:.0f} of {x['limit']:.0f} texts/s)"
-        if x["disturbed"]:
+        if disturbed(x):
             measured = (
                 f"not known: the transport ceiling read {x['transport']:.0f} texts/s, below the server's own "
                 f"{x['server']:.0f} (the machine stalled through both readings)"
@@ -69,10 +71,10 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                 f"server vs serial limit L, {key}",
                 measured,
                 ">= 0.8 L (stretch 0.9)",
-                None if x["disturbed"] else x["fraction"] >= 0.8,
+                None if disturbed(x) else x["fraction"] >= 0.8,
             )
         )
-    p50_one = _at(r["server"], 1)["p50_ms"]
+    p50_one = at(r["server"], 1)["p50_ms"]
     floor = r["single_text_ms"]
     rows.append(
         (
@@ -83,8 +85,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         )
     )
     cb = r["compute_bound"]
-    cb_batched = _at(cb["server"], 32)["texts_per_second"]
-    cb_single = _at(cb["no_batching"], 32)["texts_per_second"]
+    cb_batched = at(cb["server"], 32)["texts_per_second"]
+    cb_single = at(cb["no_batching"], 32)["texts_per_second"]
     cb_best = max(s["texts_per_second"] for s in cb["server"])
     cb_ceiling = cb["ceiling"]["texts_per_second"]
     cb_pb = cb["per_batch"]["seconds"]
@@ -120,8 +122,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     best = max(s["texts_per_second"] for s in r["server"] + r["server_batch8"])
     best_single = max(s["texts_per_second"] for s in r["server"])
     ceiling = r["ceiling"]["texts_per_second"]
-    batched32 = _at(r["server"], 32)["texts_per_second"]
-    single32 = _at(r["no_batching"], 32)["texts_per_second"]
+    batched32 = at(r["server"], 32)["texts_per_second"]
+    single32 = at(r["no_batching"], 32)["texts_per_second"]
     waste = r["padding"]["c=128"]["sorted"]
     per_batch = r["per_batch"]["seconds"]
     fp32_vs_eager = per_batch["eager PyTorch"] / per_batch["ONNX Runtime fp32"]
@@ -190,7 +192,7 @@ def transport_section(r: dict[str, Any]) -> list[str]:
     ]
     for label, kind, level in TARGET_LOADS:
         for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", server_sweep(r, kind))):
-            x = _at(sweep, level)
+            x = at(sweep, level)
             lines.append(
                 f"| {label} | {name} | {x['texts_per_second']:.0f} | {x.get('server_main_thread_cpu_us', float('nan')):.0f} | "
                 f"{x.get('server_other_threads_cpu_us', float('nan')):.0f} | {x.get('loadgen_cpu_us', float('nan')):.0f} | "
@@ -215,7 +217,7 @@ def held_transport_table(r: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for label, kind, level in TARGET_LOADS:
-        held, full = _at(r["transport_held"][kind], level), _at(r["transport"][kind], level)
+        held, full = at(r["transport_held"][kind], level), at(r["transport"][kind], level)
         lines.append(
             f"| {label} | {held['hold_ms']:.0f} | {held['texts_per_second']:.0f} | "
             f"{held['server_main_thread_cpu_us']:.0f} | {held['server_other_threads_cpu_us']:.0f} | "
@@ -228,7 +230,7 @@ def compute_bound_section(r: dict[str, Any]) -> list[str]:
     cb = r["compute_bound"]
     c = cb["config"]
     ceiling = cb["ceiling"]["texts_per_second"]
-    single32 = _at(cb["no_batching"], 32)
+    single32 = at(cb["no_batching"], 32)
     lines = [
         "",
         "## 7. A compute-bound configuration: MiniLM-sized encoder",
@@ -286,7 +288,7 @@ def pretrained_section(r: dict[str, Any]) -> list[str]:
     if not pt:
         return [*lines, "Not measured in this run: `make export-pretrained` (the optional `pretrained` extra) first."]
     ceiling = pt["ceiling"]["texts_per_second"]
-    server = _at(pt["server"], 32)
+    server = at(pt["server"], 32)
     return [
         *lines,
         f"`{pt['model_id']}` ({pt['parameters'] / 1e6:.1f} M parameters, max length {pt['max_length']}) exported by "
@@ -315,8 +317,8 @@ def held_transport_limits(r: dict[str, Any], raw_cpu_us: float, limit: float) ->
     """How much of the cost L does not count is gRPC's own at the server's rate, and the bound that leaves."""
     if "transport_held" not in r:
         return []
-    held, server32 = _at(r["transport_held"]["single"], 32), _at(r["server"], 32)
-    full = _at(r["transport"]["single"], 32)
+    held, server32 = at(r["transport_held"]["single"], 32), at(r["server"], 32)
+    full = at(r["transport"]["single"], 32)
     held_cpu, transport_cpu = cpu_per_request(held), cpu_per_request(full)
     cores = r["machine"]["cores"]
     # A server whose own code cost nothing: the model's cost, gRPC's at this rate, the load generator's at this rate.
@@ -371,20 +373,20 @@ def limits_section(r: dict[str, Any]) -> list[str]:
     lim = limits(r)
     raw = r["ceiling"]["texts_per_second"]
     cores = r["machine"]["cores"]
-    server32, transport32 = _at(r["server"], 32), _at(r["transport"]["single"], 32)
+    server32, transport32 = at(r["server"], 32), at(r["transport"]["single"], 32)
     raw_cpu_us = cores * 1e6 / raw  # the ceiling keeps every core busy
     server_cpu, transport_cpu = cpu_per_request(server32), cpu_per_request(transport32)
     extra = server_cpu - transport_cpu - raw_cpu_us
-    b8 = _at(r["server_batch8"], 16)
-    one_client, transport_one = _at(r["server"], 1)["p50_ms"], _at(r["transport"]["single"], 1)["p50_ms"]
+    b8 = at(r["server_batch8"], 16)
+    one_client, transport_one = at(r["server"], 1)["p50_ms"], at(r["transport"]["single"], 1)["p50_ms"]
     fractions = ", ".join(
-        f"L not known at {key} (disturbed)" if x["disturbed"] else f"{x['fraction']:.2f} L at {key}"
+        f"L not known at {key} (disturbed)" if disturbed(x) else f"{x['fraction']:.2f} L at {key}"
         for key, x in lim.items()
     )
-    disturbed = [key for key, x in lim.items() if x["disturbed"]]
-    if disturbed:
+    unknown = [key for key, x in lim.items() if disturbed(x)]
+    if unknown:
         fractions += (
-            f". At {' and '.join(disturbed)} the transport ceiling read below the server itself, so the machine "
+            f". At {' and '.join(unknown)} the transport ceiling read below the server itself, so the machine "
             "stalled through both of its readings: L there, and every figure below that uses it, is not known in "
             "this run"
         )
@@ -619,7 +621,7 @@ def compute_bound_limits(r: dict[str, Any]) -> list[str]:
     timed = build["seconds_per_batch"][build["chosen"]]
     readings = cb["ceiling"]["readings"]
     best = max(x["texts_per_second"] for x in cb["server"])
-    unbatched = _at(cb["no_batching"], 32)["texts_per_second"]
+    unbatched = at(cb["no_batching"], 32)["texts_per_second"]
     return [
         f"- **MiniLM-sized server against its ceiling**: the raw ceiling read {readings[0]:.0f} texts/s before the "
         f"server sweeps and {readings[1]:.0f} after; the target uses the higher reading. The server's best, "
@@ -788,7 +790,7 @@ def write_report(r: dict[str, Any], out: Path) -> None:
             f"{b['texts_per_second'] / r['ceiling']['texts_per_second']:.0%} |"
         )
     w = r["workers"]
-    one_single, one_batch8 = _at(r["server"], 128), _at(r["server_batch8"], 32)
+    one_single, one_batch8 = at(r["server"], 128), at(r["server_batch8"], 32)
     lines += [
         "",
         f"One worker against `--workers {w['n']}` (processes sharing the port with SO_REUSEPORT, ONNX Runtime threads split between them):",

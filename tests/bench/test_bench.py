@@ -194,11 +194,10 @@ def test_serial_limit_adds_the_two_costs_per_text() -> None:
 
 def test_a_transport_ceiling_below_the_server_leaves_the_target_unmeasured() -> None:
     # A run on a machine that stalled through both transport readings once marked 1.27 L as met.
-    from bench.report import targets
+    from bench.report import at, targets
 
     run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
-    (server,) = [x for x in run["server"] if x["concurrency"] == 32]
-    (transport,) = [x for x in run["transport"]["single"] if x["concurrency"] == 32]
+    server, transport = at(run["server"], 32), at(run["transport"]["single"], 32)
 
     def row() -> tuple[str, str, str, bool | None]:
         (found,) = [t for t in targets(run) if t[0] == "server vs serial limit L, 1 text x 32 clients"]
