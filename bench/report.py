@@ -464,7 +464,8 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "What was tried, measured as A/B runs on this machine at 32 single-text clients, alternating the variants "
         "(the machine drifts by +-30% between runs, so each cell is a range over rounds; `python -m bench.ab` runs "
         "such comparisons; `--checkout` compares two versions of the code). Rows marked *stop 23* were measured in "
-        "the session that produced this file; the others in earlier sessions of this round (*stop 18*, *stop 20*, "
+        "the session that produced this file, rows marked *stop 24* in the next session on the same code; the "
+        "others in earlier sessions of this round (*stop 18*, *stop 20*, "
         "*stop 21*, *stop 22*, and those marked *earlier* while the CPU token budget was still 16384):",
         "",
         "| change | before | after | kept |",
@@ -588,6 +589,15 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "cosine 0.99988 | QDQ MatMul 1.83x, 1.79x / 1.50x, 1.40x; QOperator MatMul 1.80x, 2.14x / 1.58x, 1.50x; QDQ "
         "MatMul and Add 2.06x, 2.44x / 1.57x, 1.56x; cosine 0.99938-0.99974 | no: slower at 128 tokens, and "
         "calibration data would tie the build to a text sample |",
+        "| grpcio's synchronous server (a thread pool of 4 or 64 threads running the servicer) instead of grpc.aio, "
+        "on the transport ceiling, *stop 24*, 2 rounds of 5 s, requests/s and the server's CPU-us per request | "
+        "aio: 32 clients 2358, 3182 at 382, 309; one client p50 1.15, 0.99 ms; held 35 ms at 32 clients 854, 842 at "
+        "367, 394 | 4 threads: 2204, 3364 at 342, 290; p50 1.13, 1.03 ms. 64 threads: 2782, 2520 at 346, 386; p50 "
+        "1.21, 1.04 ms; held 809, 783 at 502, 554 | no: the same at full speed and dearer at a batching server's "
+        "rate, and it would need a thread per open call |",
+        "| one-text requests tokenized with `encode(text)`, which keeps the GIL, instead of `encode_batch([text])`, "
+        "which releases it and hands the text to Rayon, *stop 24*, the 3,000 held-out texts one at a time, 4 "
+        "interleaved rounds, CPU-us per text | 70.9, 94.6, 84.2, 78.7 | 88.3, 79.4, 87.5, 80.8 | no: no difference |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
