@@ -6,7 +6,12 @@ post-processing (normalisation) is the service's. Nothing here knows about gRPC 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import platform
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,43 @@ def pad_rows(rows: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.nd
     return ids, mask
 
 
+class _FloatEnvironment(ctypes.Structure):
+    """glibc's fenv_t on x86-64: the x87 environment (28 bytes), then the SSE control register MXCSR."""
+
+    _fields_ = [("x87", ctypes.c_uint8 * 28), ("mxcsr", ctypes.c_uint32)]
+
+
+MXCSR_DAZ = 1 << 6  # denormal inputs read as zero
+MXCSR_FTZ = 1 << 15  # results that would be denormal are flushed to zero
+MXCSR_EXCEPTION_MASKS = 0x1F80  # set in every thread's default MXCSR: a check that the layout is right
+_threads = threading.local()
+
+
+def flush_denormals_on_this_thread(on: bool = True) -> bool:
+    """Turns FTZ and DAZ on (or off) for the calling thread (x86-64 Linux); returns whether that was done.
+
+    Attention gives padded keys a score near -1e4, and exp() of it underflows through denormal floats,
+    which x86 cores handle in microcode: ONNX Runtime's CPU Softmax over (32, 12, 128, 128) scores with
+    77% of the keys padding took 18 ms instead of 1.3 ms. ``session.set_denormal_as_zero`` turns FTZ/DAZ
+    on in ONNX Runtime's pool threads (and in whichever thread creates the process's first session),
+    not in the thread that calls ``run``, which computes its share of every operator. Values that small
+    are zero for an embedding.
+    """
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    environment = _FloatEnvironment()
+    if libm.fegetenv(ctypes.byref(environment)) != 0:
+        return False
+    if environment.mxcsr & MXCSR_EXCEPTION_MASKS != MXCSR_EXCEPTION_MASKS:
+        return False  # not the layout this expects: leave the thread as it is
+    if on:
+        environment.mxcsr |= MXCSR_DAZ | MXCSR_FTZ
+    else:
+        environment.mxcsr &= ~(MXCSR_DAZ | MXCSR_FTZ) & 0xFFFFFFFF
+    return bool(libm.fesetenv(ctypes.byref(environment)) == 0)
+
+
 def _providers_for(option: str) -> list[str]:
     if option == "cpu":
         return [CPU]
@@ -70,6 +112,7 @@ class OnnxRuntime:
         spin = "1" if options.spinning else "0"
         session_options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         session_options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        session_options.add_session_config_entry("session.set_denormal_as_zero", "1")
         wanted = _providers_for(options.provider)
         # onnxruntime-gpu lists CUDA even where CUDA/cuDNN are missing; asking for it there logs a
         # screen of errors before falling back. Silence the probe; get_providers() tells the truth.
@@ -91,6 +134,8 @@ class OnnxRuntime:
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """input_ids, attention_mask: int64 (B, T) -> float32 (B, dim), not normalised."""
+        if not hasattr(_threads, "flushing_denormals"):  # once per calling thread
+            _threads.flushing_denormals = flush_denormals_on_this_thread()
         outputs = self.session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": attention_mask})
         return np.asarray(outputs[0], dtype=np.float32)
 
