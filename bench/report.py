@@ -400,12 +400,15 @@ def limits_section(r: dict[str, Any]) -> list[str]:
     return [
         "## What limits it",
         "",
-        f"This run: {fractions}. The three runs of `make bench` in the session that produced this file (*stop 23*, "
-        "the attention mask added as a bias) read 0.56 and 0.61 L at 1 text x 32 clients (the other run was disturbed: "
-        "its transport ceiling read below the server), 0.60-0.70 L at 1 text x 128 clients and 0.37-0.57 L at 8 "
-        "texts x 16 clients (one client's p50: 2.17-2.83 ms); four runs in *stop 22* on the same server code, the "
-        "mask then a Where, read 0.54-0.66 L, 0.38-0.77 L and 0.43-0.76 L (2.26-5.42 ms). On this shared VM one "
-        "run's ratio moves by up to 0.4 L, and no run reached 0.8 L. A faster model saves the server and L the same "
+        f"This run: {fractions}. The other runs of `make bench` in the session that produced this file (*stop 24*): "
+        "one before denormals were flushed to zero, which leaves the server's length-sorted batches nearly unchanged "
+        '("What was tried"), read 0.60, 0.72 and 0.55 L at 1 text x 32 clients, 1 text x 128 clients and 8 texts x '
+        "16 clients (one client's p50 2.16 ms); one on a disturbed machine read 0.56, 0.38 and 0.21 L (4.97 ms), "
+        "every throughput a third to two thirds below this run's. Three runs in *stop 23* on the same server code "
+        "read 0.56 and 0.61 L at 1 text x 32 clients (the other run was disturbed: its transport ceiling read below "
+        "the server), 0.60-0.70 L and 0.37-0.57 L (2.17-2.83 ms); four runs in *stop 22*, the attention mask then a "
+        "Where, read 0.54-0.66 L, 0.38-0.77 L and 0.43-0.76 L (2.26-5.42 ms). On this shared VM one run's ratio "
+        "moves by up to 0.4 L, and no run reached 0.8 L. A faster model saves the server and L the same "
         "time per text, which cannot raise these ratios (it lowers them slightly). The serial limit L charges each text the raw ceiling's ONNX Runtime cost "
         f"({raw_cpu_us:.0f} CPU-us per text in length-sorted batches of {r['ceiling']['mean_batch']:.0f}) plus the "
         f"transport ceiling's per-request cost (its server: {transport_cpu:.0f} CPU-us per request at 32 clients; "
@@ -463,10 +466,9 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         *compute_bound_limits(r),
         "What was tried, measured as A/B runs on this machine at 32 single-text clients, alternating the variants "
         "(the machine drifts by +-30% between runs, so each cell is a range over rounds; `python -m bench.ab` runs "
-        "such comparisons; `--checkout` compares two versions of the code). Rows marked *stop 23* were measured in "
-        "the session that produced this file, rows marked *stop 24* in the next session on the same code; the "
-        "others in earlier sessions of this round (*stop 18*, *stop 20*, "
-        "*stop 21*, *stop 22*, and those marked *earlier* while the CPU token budget was still 16384):",
+        "such comparisons; `--checkout` compares two versions of the code). Rows marked *stop 24* were measured in "
+        "the session that produced this file; the others in earlier sessions of this round (*stop 18*, *stop 20*, "
+        "*stop 21*, *stop 22*, *stop 23*, and those marked *earlier* while the CPU token budget was still 16384):",
         "",
         "| change | before | after | kept |",
         "|---|---|---|---|",
@@ -598,6 +600,22 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "| one-text requests tokenized with `encode(text)`, which keeps the GIL, instead of `encode_batch([text])`, "
         "which releases it and hands the text to Rayon, *stop 24*, the 3,000 held-out texts one at a time, 4 "
         "interleaved rounds, CPU-us per text | 70.9, 94.6, 84.2, 78.7 | 88.3, 79.4, 87.5, 80.8 | no: no difference |",
+        "| denormal floats flushed to zero (FTZ/DAZ) in every thread that runs the model: ONNX Runtime's pool threads "
+        "through `session.set_denormal_as_zero`, the inference thread at its first `run`, *stop 24*. Found by "
+        "profiling the MiniLM-sized int8 model (kernel time by operator, 6 runs) on the benchmark's padded batch (32 "
+        "texts padded to 128 tokens, 77% padding) against a random batch without padding: Softmax took 101 against "
+        "13 ms per run. Padded keys score near -1e4, and exp() of that underflows through denormals, which x86 cores "
+        "handle in microcode. A Softmax alone over (32, 12, 128, 128) scores with 77% of the keys masked: 17.6 ms, "
+        "1.3 ms with FTZ/DAZ (1.5-2.4 ms with none masked). ONNX Runtime's option alone did not help: the thread "
+        "calling `run` computes its share of every operator, and the option reaches it only when that thread "
+        "created the process's first session. Measured in separate processes, alternating, 2 rounds | trained 1.5 M "
+        "model, 32 x 128 padded: fp32 42.7, 47.1 ms; int8 33.6, 36.0 ms. MiniLM-sized: fp32 654, 591 ms; int8 360, "
+        "350 ms (gain 1.82x, 1.69x). Raw ceiling on the batcher's length-sorted batches: 2350, 2497, 2584, 2628 "
+        "texts/s. Server (`bench.ab --checkout`, 3 rounds of 5 s): 1x32 685, 876, 919; 16x8 1436, 1433, 1608 "
+        "texts/s | fp32 32.0, 30.9 ms; int8 21.0, 20.6 ms. MiniLM-sized: fp32 560, 530 ms; int8 267, 238 ms (gain "
+        "2.10x, 2.23x). Raw ceiling 2257, 2577, 2255, 2558 texts/s. Server: 1x32 806, 843, 979; 16x8 1377, 1201, "
+        "1725 texts/s; outputs bit-identical on the padded batch (both models, fp32 and int8) | yes: padded batches a quarter to a third faster; "
+        "the server's length-sorted batches carry little padding, so its throughput stays within the drift |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "
         "the event loop (no thread hop), a batch crosses to the inference thread once and its futures are resolved "
@@ -646,13 +664,13 @@ def compute_bound_limits(r: dict[str, Any]) -> list[str]:
         "a machine where one text leaves the hardware idle (a GPU, or many cores); `make gpu-check` measures it there.",
         f"- **int8 on the MiniLM-sized model**: {seconds['ONNX Runtime fp32'] / seconds.get('ONNX Runtime int8', float('nan')):.2f}x "
         f"on the {shape[0]} x {shape[1]} batch in this run, {build['fp32_seconds_per_batch'] / timed:.2f}x on the "
-        f"{build['timed_batch'][0]} x {build['timed_batch'][1]} batch the export timed. The ratio moves with the machine: "
-        "the four `make bench` runs of *stop 22*, the attention mask then a Where, gave 1.78x, 1.75x, 1.69x and "
-        "1.78x, and repeated interleaved measurements of the same 32 x 128 batch in an earlier session 1.78x, 1.85x "
-        "and 1.93x within ten minutes. The mask added as a bias (*stop 23*) took about the same time off both "
-        "builds, a larger share of the int8 one's: interleaved on the same batch, 1.89-1.97x before and "
-        '2.04-2.06x after ("What was tried"), and the three `make bench` runs of *stop 23* gave 1.83x, 1.81x and '
-        "1.83x, above the bar by less than the machine's drift. "
+        f"{build['timed_batch'][0]} x {build['timed_batch'][1]} batch the export timed. Earlier runs read lower: "
+        "1.69-1.78x in the four `make bench` runs of *stop 22* (the attention mask then a Where) and 1.81-1.83x in the "
+        "three of *stop 23* (the mask added as a bias), while interleaved measurements of random 32 x 128 batches "
+        "without padding read 2.04-2.06x. The difference was the padding: the benchmark's 32 texts are padded to 128 "
+        "tokens (77% padding), and the thread calling ONNX Runtime ran exp() of the padded keys' scores through "
+        "denormal floats, a fixed cost that is a larger share of the int8 build's time. With denormals flushed to zero "
+        '(*stop 24*, "What was tried") the same padded batch gave 2.10x and 2.23x against 1.82x and 1.69x before. '
         "Options of ONNX Runtime's dynamic quantization, measured side by side on this model in an earlier session "
         "(32 x 48 / 32 x 128, against "
         "fp32): plain 1.87x / 1.90x, per-channel 1.89x / 1.88x, `reduce_range` 1.87x / 1.91x, both 1.90x / 1.75x, "
