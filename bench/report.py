@@ -614,7 +614,9 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "texts/s. Server (`bench.ab --checkout`, 3 rounds of 5 s): 1x32 685, 876, 919; 16x8 1436, 1433, 1608 "
         "texts/s | fp32 32.0, 30.9 ms; int8 21.0, 20.6 ms. MiniLM-sized: fp32 560, 530 ms; int8 267, 238 ms (gain "
         "2.10x, 2.23x). Raw ceiling 2257, 2577, 2255, 2558 texts/s. Server: 1x32 806, 843, 979; 16x8 1377, 1201, "
-        "1725 texts/s; outputs bit-identical on the padded batch (both models, fp32 and int8) | yes: padded batches a quarter to a third faster; "
+        "1725 texts/s; outputs bit-identical on the padded batch (both models, fp32 and int8). Eager PyTorch, "
+        "timed in the same runs and so in the same thread mode, did not move (46.9, 34.4 ms before; 35.0, 46.7 "
+        "after) | yes: padded batches a quarter to a third faster; "
         "the server's length-sorted batches carry little padding, so its throughput stays within the drift |",
         "",
         "Already in place before this round, so not measurable as changes: short requests are tokenized inline on "

@@ -136,6 +136,8 @@ class OnnxRuntime:
         """input_ids, attention_mask: int64 (B, T) -> float32 (B, dim), not normalised."""
         if not hasattr(_threads, "flushing_denormals"):  # once per calling thread
             _threads.flushing_denormals = flush_denormals_on_this_thread()
+            if not _threads.flushing_denormals:
+                log.info("denormal floats are not flushed to zero on this platform (%s)", platform.machine())
         outputs = self.session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": attention_mask})
         return np.asarray(outputs[0], dtype=np.float32)
 
