@@ -609,7 +609,7 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "handle in microcode. A Softmax alone over (32, 12, 128, 128) scores with 77% of the keys masked: 17.6 ms, "
         "1.3 ms with FTZ/DAZ (1.5-2.4 ms with none masked). ONNX Runtime's option alone did not help: the thread "
         "calling `run` computes its share of every operator, and the option reaches it only when that thread "
-        "created the process's first session. Measured in separate processes, alternating, 2 rounds | trained 1.5 M "
+        "(or the thread that started it) created the process's first session; in the server neither did. Measured in separate processes, alternating, 2 rounds | trained 1.5 M "
         "model, 32 x 128 padded: fp32 42.7, 47.1 ms; int8 33.6, 36.0 ms. MiniLM-sized: fp32 654, 591 ms; int8 360, "
         "350 ms (gain 1.82x, 1.69x). Raw ceiling on the batcher's length-sorted batches: 2350, 2497, 2584, 2628 "
         "texts/s. Server (`bench.ab --checkout`, 3 rounds of 5 s): 1x32 685, 876, 919; 16x8 1436, 1433, 1608 "
