@@ -601,6 +601,14 @@ def limits_section(r: dict[str, Any]) -> list[str]:
         "| one-text requests tokenized with `encode(text)`, which keeps the GIL, instead of `encode_batch([text])`, "
         "which releases it and hands the text to Rayon, *stop 24*, the 3,000 held-out texts one at a time, 4 "
         "interleaved rounds, CPU-us per text | 70.9, 94.6, 84.2, 78.7 | 88.3, 79.4, 87.5, 80.8 | no: no difference |",
+        "| before the FTZ/DAZ fix, the same slowdown avoided in the model: scores lifted to at least the row's "
+        "maximum minus 60 before Softmax (`torch.maximum(scores, scores.amax(-1, keepdim=True) - 60)`; weights "
+        "below e^-60 are zero in fp32 sums), *stop 24*, interleaved, 2 rounds, 32 texts padded to 128 tokens | "
+        "MiniLM-sized: fp32 674, 677 ms; int8 373, 361 ms. Trained model, raw ceiling on the batcher's length-sorted "
+        "batches, 4 rounds: 2623, 3074, 2660, 2463 texts/s | fp32 611, 598 ms; int8 312, 293 ms, outputs "
+        "bit-identical; raw ceiling 2440, 2931, 2254, 2892 texts/s | no: the ReduceMax and Max it adds cost two "
+        "passes over the scores (Max alone 14 ms per MiniLM-sized int8 run) and gain nothing on sorted batches; "
+        "flushing denormals removes the slowdown with no extra work |",
         "| denormal floats flushed to zero (FTZ/DAZ) in every thread that runs the model: ONNX Runtime's pool threads "
         "through `session.set_denormal_as_zero`, the inference thread at its first `run`, *stop 24*. Found by "
         "profiling the MiniLM-sized int8 model (kernel time by operator, 6 runs) on the benchmark's padded batch (32 "
