@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import platform
 import sys
@@ -59,7 +60,13 @@ class _FloatEnvironment(ctypes.Structure):
 MXCSR_DAZ = 1 << 6  # denormal inputs read as zero
 MXCSR_FTZ = 1 << 15  # results that would be denormal are flushed to zero
 MXCSR_EXCEPTION_MASKS = 0x1F80  # set in every thread's default MXCSR: a check that the layout is right
+CAN_FLUSH_DENORMALS = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
 _threads = threading.local()
+
+
+@functools.cache
+def _libm() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
 
 
 def flush_denormals_on_this_thread(on: bool = True) -> bool:
@@ -72,9 +79,9 @@ def flush_denormals_on_this_thread(on: bool = True) -> bool:
     not in the thread that calls ``run``, which computes its share of every operator. Values that small
     are zero for an embedding.
     """
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+    if not CAN_FLUSH_DENORMALS:
         return False
-    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    libm = _libm()
     environment = _FloatEnvironment()
     if libm.fegetenv(ctypes.byref(environment)) != 0:
         return False

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import platform
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,10 +10,9 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from server.runtime import OnnxRuntime, RuntimeOptions, flush_denormals_on_this_thread, pad_rows
+from server.runtime import CAN_FLUSH_DENORMALS, OnnxRuntime, RuntimeOptions, flush_denormals_on_this_thread, pad_rows
 
 T = TypeVar("T")
-X86_64_LINUX = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
 
 
 def denormals_survive() -> bool:
@@ -27,7 +24,7 @@ def on_a_new_thread(work: Callable[[], T]) -> T:
         return pool.submit(work).result()
 
 
-@pytest.mark.skipif(not X86_64_LINUX, reason="FTZ and DAZ are set through x86-64's MXCSR register")
+@pytest.mark.skipif(not CAN_FLUSH_DENORMALS, reason="FTZ and DAZ are set through x86-64's MXCSR register")
 def test_the_flag_can_be_turned_on_and_off_on_one_thread() -> None:
     def switch() -> tuple[bool, bool]:
         assert flush_denormals_on_this_thread(on=False)
@@ -38,7 +35,7 @@ def test_the_flag_can_be_turned_on_and_off_on_one_thread() -> None:
     assert on_a_new_thread(switch) == (True, False)
 
 
-@pytest.mark.skipif(not X86_64_LINUX, reason="FTZ and DAZ are set through x86-64's MXCSR register")
+@pytest.mark.skipif(not CAN_FLUSH_DENORMALS, reason="FTZ and DAZ are set through x86-64's MXCSR register")
 def test_run_flushes_denormals_on_the_thread_that_calls_it(tiny_artifacts: Path) -> None:
     """The calling thread computes its share of every operator: without FTZ/DAZ there, ONNX Runtime's
     Softmax over padded keys (scores near -1e4, exp() underflowing through denormals) ran 14x slower."""
