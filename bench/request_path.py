@@ -33,12 +33,22 @@ from embedding.v1 import embedding_pb2
 from server import loops
 from server.app import create_server
 from server.config import ServerConfig
+from server.service import Received
 
 MODES = ("full", "pretokenized", "bare")
 
 
 class InProcessContext:
-    """The little of grpc.aio.ServicerContext that Embed uses: no deadline, and abort raises."""
+    """The little of grpc.aio.ServicerContext that Embed uses: one message to read, no deadline, abort raises."""
+
+    def __init__(self, message: Any) -> None:
+        self._message = message
+
+    def peer(self) -> str:
+        return "in-process"
+
+    async def read(self) -> Received:
+        return Received(self._message)
 
     def time_remaining(self) -> float | None:
         return None
@@ -71,14 +81,14 @@ async def measure(model_dir: str, mode: str, texts: Sequence[str], callers: int,
             width = 2 * model.info.dim  # the pipeline's backend returns raw and unit rows side by side
             batcher.run_batch = lambda rows: np.full((len(rows), width), 0.1, dtype=np.float32)
         requests = [embedding_pb2.EmbedRequest(inputs=[text], truncate=True) for text in texts]
-        context = InProcessContext()
         done, running = 0, True
 
         async def caller(seed: int) -> None:
             nonlocal done
             rng = random.Random(seed)
             while running:
-                await server.service.Embed(rng.choice(requests), context)  # type: ignore[arg-type]
+                context = InProcessContext(rng.choice(requests))
+                await server.service.Embed(None, context)  # type: ignore[arg-type]
                 done += 1
 
         tasks = [asyncio.create_task(caller(i)) for i in range(callers)]

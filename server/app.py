@@ -20,7 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from embedding.v1 import embedding_pb2
-from server import loops
+from server import loops, memory
+from server.admission import Admission
 from server.auth import BearerTokenInterceptor, server_credentials
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
@@ -57,27 +58,23 @@ class EmbeddingServer:
         if token:
             protected = (f"/{SERVICE_NAME}/", f"/{INFERENCE_SERVICE_NAME}/")
             interceptors.append(BearerTokenInterceptor(token, protected, status_for, self._unauthenticated))
+        # Until the models are loaded and the memory plan is made, one largest message (nothing is served yet).
+        self.admission = Admission(config.max_message_bytes, 1, self._admission_changed)
+        self.memory_plan: memory.MemoryPlan | None = None
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
+            # Counted by gRPC before a call's message is read: beyond it the call is refused unread.
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             options=[
                 ("grpc.so_reuseport", 1 if config.reuse_port else 0),
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
             ],
         )
-        batching = embedding_pb2.InfoResponse(
-            max_batch_tokens=config.max_batch_tokens,
-            max_batch_size=config.max_batch_size,
-            max_client_batch_size=config.max_client_batch_size,
-            max_queue_tokens=config.max_queue_tokens,
-            max_delay_seconds=config.max_delay_seconds,
-        )
-        self.service = EmbedderService(
-            self.state, self.metrics, batching, config.max_streams, config.max_concurrent_rpcs
-        )
-        add_to_server(self.service, self.grpc_server)
-        self.inference = OpenInferenceService(self.state, self.metrics, config.max_concurrent_rpcs, VERSION)
-        add_inference_to_server(self.inference, self.grpc_server)
+        self.service = EmbedderService(self.state, self.metrics, self._limits(), self.admission, config.max_streams)
+        add_to_server(self.service, self.grpc_server, self.admission)
+        self.inference = OpenInferenceService(self.state, self.metrics, self.admission, VERSION)
+        add_inference_to_server(self.inference, self.grpc_server, self.admission)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         # The Open Inference Protocol is left out: its messages live in a private pool (open_inference.py),
         # and its clients (tritonclient, perf_analyzer) bring the published proto.
@@ -91,6 +88,25 @@ class EmbeddingServer:
         if config.health_port >= 0:
             self.health_server = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+
+    def _limits(self) -> embedding_pb2.InfoResponse:
+        """The serving limits part of Info: the configured ones and, once loaded, the memory plan's."""
+        config, plan = self.config, self.memory_plan
+        return embedding_pb2.InfoResponse(
+            max_batch_size=config.max_batch_size,
+            max_client_batch_size=config.max_client_batch_size,
+            max_queue_tokens=config.max_queue_tokens,
+            max_delay_seconds=config.max_delay_seconds,
+            max_concurrent_rpcs=config.max_concurrent_rpcs,
+            memory_limit_bytes=plan.limit_bytes if plan else 0,
+            memory_limit_source=plan.limit_source if plan else "",
+            max_request_bytes=self.admission.max_bytes,
+            max_request_calls=self.admission.max_calls,
+        )
+
+    def _admission_changed(self, held_bytes: int, calls: int) -> None:
+        self.metrics.request_bytes.set(held_bytes)
+        self.metrics.request_calls.set(calls)
 
     def _unauthenticated(self, method: str) -> None:
         """A call the bearer-token check refused: counted like any other answer the client got."""
@@ -164,19 +180,18 @@ class EmbeddingServer:
 
     async def load(self) -> None:
         """Load and warm up every model off the event loop (health checks answer meanwhile), then serve."""
-        limits = Limits(
-            self.config.max_client_batch_size, self.config.max_input_chars, self.config.max_tokenizing_chars
-        )
+        limits = Limits(self.config.max_client_batch_size, self.config.max_input_chars)
         served = []
         for name, folder in self.config.model_dirs():
             loaded = await asyncio.to_thread(load_model, folder, self.config, name)
             served.append(self._serve_model(loaded, limits))
+        self._plan_memory()  # ValueError when the limit cannot hold these models: nothing is served
         self.state.serve(served)
         await self._set_health(SERVING)
         for model in served:
             info = model.info
             log.info(
-                "serving %s (%s %s) on %s, precision %s, dim %d, max length %d",
+                "serving %s (%s %s) on %s, precision %s, dim %d, max length %d, max batch tokens %d",
                 info.name,
                 info.model_id,
                 info.model_version,
@@ -184,13 +199,27 @@ class EmbeddingServer:
                 info.precision,
                 info.dim,
                 info.max_input_length,
+                info.max_batch_tokens,
             )
+
+    def _plan_memory(self) -> None:
+        """The byte budget from the memory limit and what the warm models take (server/memory.py)."""
+        config = self.config
+        limit = memory.memory_limit(config.memory_limit_mib)
+        plan = memory.plan(limit, memory.rss_bytes(), config.max_message_bytes, config.max_request_bytes)
+        self.memory_plan = plan
+        self.admission.resize(plan.request_bytes, plan.request_calls)
+        self.metrics.request_bytes_capacity.set(plan.request_bytes)
+        self.metrics.request_calls_capacity.set(plan.request_calls)
+        self.metrics.memory_limit.set(plan.limit_bytes)
+        self.service.set_limits(self._limits())
+        log.info("%s; at most %d calls in progress", plan.describe(), config.max_concurrent_rpcs)
 
     def _serve_model(self, loaded: LoadedModel, limits: Limits) -> ServedModel:
         """A loaded model's batcher, pipeline and metrics; its batcher starts at once."""
         info = loaded.info
         policy = BatchPolicy(
-            max_batch_tokens=self.config.max_batch_tokens,
+            max_batch_tokens=info.max_batch_tokens,
             max_batch_size=self.config.max_batch_size,
             max_queue_tokens=self.config.max_queue_tokens,
             max_delay=self.config.max_delay_seconds,
@@ -300,6 +329,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(run_workers(config, sys.argv[1:] if argv is None else list(argv)))
     try:
         loops.run(serve(config), config.event_loop)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:  # missing artifacts; a memory limit too small for the models
         log.error("%s", e)
         sys.exit(2)

@@ -6,13 +6,20 @@ errors. Policy (see docs/architecture.md):
 * every input of every request is one queue item; a request's items are reassembled in order;
 * a batch holds at most ``max_batch_size`` items and at most ``max_batch_tokens`` padded tokens
   (items x longest item, as TEI counts for padded backends);
-* the oldest waiting item is always in the next batch (no starvation); around it, the batch is
-  filled from the oldest ``sort_window`` items in length order, taking whichever neighbour adds
-  the least padding, as long as padding stays under ``max_padding_ratio`` of the batch;
+* fair among clients (start-time fair queueing by tokens): each item gets a virtual start tag, its
+  client's previous tag plus that client's tokens, never below the tag of the batch last taken; the
+  queue is kept in tag order, so a client sending one short request goes ahead of another's backlog
+  instead of behind it, and no item waits for more than its share (no starvation). A client is
+  whatever key the front end passes (the connection's peer address);
+* the item with the lowest tag is always in the next batch; around it, the batch is filled from the
+  first ``sort_window`` items in length order, taking whichever neighbour adds the least padding, as
+  long as padding stays under ``max_padding_ratio`` of the batch;
 * when the backend is idle, a batch leaves at once (or after ``max_delay`` counted from the arrival
   of its oldest item); while a batch runs, the next one fills;
 * admission: a request whose tokens would push the queue past ``max_queue_tokens`` is refused whole
-  and at once; nothing of it is queued;
+  and at once; nothing of it is queued. The last ``RESERVED_SHARE`` of the queue takes only short
+  requests (at most ``max_queue_tokens x SHORT_SHARE`` tokens) unless the queue is empty, so a flood
+  of the largest requests cannot lock a client with a short one out;
 * items of a request that was cancelled or failed are swept out of the queue at once (admission and
   the queue gauges see the room straight away); a request whose deadline cannot be met (it would
   still be waiting when the deadline comes, less the expected batch time) is failed with
@@ -25,6 +32,7 @@ errors. Policy (see docs/architecture.md):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -39,6 +47,9 @@ from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotRe
 log = logging.getLogger(__name__)
 
 RunBatch = Callable[[Sequence[np.ndarray]], np.ndarray]
+
+RESERVED_SHARE = 0.25  # of max_queue_tokens: room only short requests may take
+SHORT_SHARE = 1 / 64  # of max_queue_tokens: a request this short may use the reserved room (1,024 by default)
 
 
 @dataclass(frozen=True)
@@ -100,10 +111,15 @@ class _Item:
     index: int
     row: np.ndarray
     enqueued_at: float
+    tag: float  # virtual start time: the queue is kept in this order
 
     @property
     def length(self) -> int:
         return len(self.row)
+
+
+def _tag(item: _Item) -> float:
+    return item.tag
 
 
 # Seconds: a request still queued this close to its deadline cannot make it. Besides a batch's time
@@ -129,8 +145,10 @@ class Batcher:
         self.policy = policy
         self._observer = observer or BatchObserver()
         self._clock = clock
-        self._queue: list[_Item] = []
+        self._queue: list[_Item] = []  # in tag order
         self._queued_tokens = 0
+        self._virtual_time = 0.0  # the tag of the item the last batch was formed around
+        self._finish_tags: dict[str, float] = {}  # per client: where its next item's tag starts
         self._running: list[_Item] = []  # the batch in the backend now
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -170,33 +188,47 @@ class Batcher:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
             self._task.add_done_callback(self._loop_ended)
 
-    async def submit(self, rows: Sequence[np.ndarray], deadline: float | None = None) -> EmbedResult:
+    def check_room(self, tokens: int, client: str = "") -> None:
+        """Raises InvalidInput if ``tokens`` can never be queued, Overloaded if they cannot be now."""
+        del client  # room is by size; fairness between clients is the queue's order
+        policy = self.policy
+        if tokens > policy.max_queue_tokens:
+            raise InvalidInput(
+                f"the request needs at least {tokens} tokens, more than the server queues at once "
+                f"({policy.max_queue_tokens}); split the request"
+            )
+        short = tokens <= policy.max_queue_tokens * SHORT_SHARE
+        room = policy.max_queue_tokens if short else int(policy.max_queue_tokens * (1 - RESERVED_SHARE))
+        if self._queued_tokens + tokens > room and self._queued_tokens > 0:  # an empty queue takes any that fits
+            kept = "" if short else f"; the last {RESERVED_SHARE:.0%} is kept for short requests"
+            raise Overloaded(
+                f"queue full ({self._queued_tokens} of {policy.max_queue_tokens} tokens waiting{kept}); retry later"
+            )
+
+    async def submit(self, rows: Sequence[np.ndarray], deadline: float | None = None, client: str = "") -> EmbedResult:
         """Queue one request's token rows and wait for their embeddings, in order.
 
-        ``deadline`` is on this batcher's clock (``time.monotonic`` by default). Raises NotReady while
-        draining, Overloaded when the queue is full, DeadlineExceeded, InferenceFailed.
+        ``deadline`` is on this batcher's clock (``time.monotonic`` by default); ``client`` is the key
+        the queue is shared fairly by. Raises NotReady while draining, Overloaded when the queue is
+        full, DeadlineExceeded, InferenceFailed.
         """
         if self._closing:
             raise NotReady("the server is shutting down; retry on another replica")
         if not rows:
             raise InvalidInput("no inputs")
         tokens = sum(len(r) for r in rows)
-        if tokens > self.policy.max_queue_tokens:
-            raise InvalidInput(
-                f"the request has {tokens} tokens, more than the server queues at once "
-                f"({self.policy.max_queue_tokens}); split it"
-            )
-        if self._queued_tokens + tokens > self.policy.max_queue_tokens:
-            raise Overloaded(
-                f"queue full ({self._queued_tokens} of {self.policy.max_queue_tokens} tokens waiting); retry later"
-            )
+        self.check_room(tokens, client)
         now = self._clock()
         loop = asyncio.get_running_loop()
         request = _Request(
             n=len(rows), deadline=deadline, admitted_at=now, future=loop.create_future(), remaining=len(rows)
         )
         request.queued = len(rows)
-        self._queue.extend(_Item(request, i, row, now) for i, row in enumerate(rows))
+        tag = max(self._virtual_time, self._finish_tags.get(client, 0.0))
+        for i, row in enumerate(rows):
+            bisect.insort(self._queue, _Item(request, i, row, now, tag), key=_tag)
+            tag += len(row)
+        self._finish_tags[client] = tag
         self._queued_tokens += tokens
         self._idle.clear()
         self._publish_queue()
@@ -364,6 +396,9 @@ class Batcher:
         self._drop_dead()
         if not self._queue:
             return []
+        self._virtual_time = max(self._virtual_time, self._queue[0].tag)
+        # A client whose tags are all behind the virtual time starts from it anyway: forget it.
+        self._finish_tags = {c: t for c, t in self._finish_tags.items() if t > self._virtual_time}
         batch = self._take_sorted() if self.policy.length_sorted else self._take_fifo()
         for item in batch:
             item.request.queued -= 1

@@ -32,7 +32,10 @@ class ServerConfig:
     model: tuple[str, ...] = ()
     provider: str = "auto"  # auto (CUDA when it really loads, else CPU) | cpu | cuda
     precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
-    max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item
+    max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item (the most; see max_batch_seconds)
+    # Per model, max_batch_tokens is lowered at warm-up until one batch runs within this long, so a short
+    # request never waits long behind a batch in the backend; 0 keeps max_batch_tokens as it is.
+    max_batch_seconds: float = 0.1
     max_batch_size: int = 128  # items per batch
     max_padding_ratio: float = 0.15  # most of a batch that may be padding; longer/shorter items wait
     max_delay_ms: float = 0.0  # how long a batch may wait to fill while the backend is idle
@@ -41,8 +44,12 @@ class ServerConfig:
     max_input_chars: int = 20000  # characters per input, checked before tokenization
     max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
     max_streams: int = 64  # EmbedStream RPCs open at once; more get RESOURCE_EXHAUSTED
-    max_concurrent_rpcs: int = 512  # Embed/EmbedStream/Info calls in progress at once; more get RESOURCE_EXHAUSTED
-    max_tokenizing_chars: int = 4 * 1024 * 1024  # characters waiting for or in tokenization; more: RESOURCE_EXHAUSTED
+    max_concurrent_rpcs: int = 512  # calls in progress at once; more get RESOURCE_EXHAUSTED before being read
+    # The memory budgets derive from the cgroup's memory.max; without one, from this (MiB); 0: the machine's.
+    memory_limit_mib: int = 0
+    # Bytes of request bodies received and not yet tokenized; more are refused before parsing. 0: derived
+    # from the memory limit (what is left of 75% of it once the models are warm, / 3).
+    max_request_bytes: int = 0
     tls_cert: str = ""  # PEM certificate chain: serve TLS (with tls_key)
     tls_key: str = ""  # PEM private key of tls_cert
     tls_client_ca: str = ""  # PEM CA bundle: require client certificates it signed (mutual TLS)
@@ -81,11 +88,10 @@ class ServerConfig:
             problems.append("backend_probe_seconds must be positive")
         if self.max_concurrent_rpcs < 1:
             problems.append("max_concurrent_rpcs must be at least 1")
-        if self.max_tokenizing_chars < self.max_client_batch_size * self.max_input_chars:
-            problems.append(
-                "max_tokenizing_chars must hold at least one largest request "
-                f"(max_client_batch_size x max_input_chars = {self.max_client_batch_size * self.max_input_chars})"
-            )
+        if self.max_request_bytes and self.max_request_bytes < self.max_message_bytes:
+            problems.append("max_request_bytes must hold at least one largest message (max_message_bytes)")
+        if self.max_batch_seconds < 0 or self.memory_limit_mib < 0:
+            problems.append("max_batch_seconds and memory_limit_mib must not be negative")
         if self.auth_token and not self.auth_token.strip():
             problems.append("auth_token is blank: give a real token or none")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -99,6 +99,29 @@ class Metrics:
             registry=registry,
         )
         self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now, all models.", registry=registry)
+        self.request_bytes = Gauge(
+            "embed_request_bytes",
+            "Bytes of request bodies held (received, not yet tokenized), all protocols and models.",
+            registry=registry,
+        )
+        self.request_bytes_capacity = Gauge(
+            "embed_request_capacity_bytes",
+            "The byte budget: request bodies held beyond it are refused before parsing.",
+            registry=registry,
+        )
+        self.request_calls = Gauge(
+            "embed_request_calls",
+            "Calls whose body is being read or tokenized, all protocols and models.",
+            registry=registry,
+        )
+        self.request_calls_capacity = Gauge(
+            "embed_request_calls_capacity",
+            "Calls whose body may be read or tokenized at once; more are refused unread.",
+            registry=registry,
+        )
+        self.memory_limit = Gauge(
+            "embed_memory_limit_bytes", "The memory limit the budgets are derived from.", registry=registry
+        )
         self.inputs = Counter("embed_inputs", "Inputs embedded and returned.", ["model"], registry=registry)
         self.tokens = Counter("embed_tokens", "Tokens of inputs embedded and returned.", ["model"], registry=registry)
         self.rejections = Counter(

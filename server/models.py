@@ -32,6 +32,7 @@ class ModelInfo:
     execution_provider: str
     precision: str
     version: str
+    max_batch_tokens: int  # this model's: --max-batch-tokens, lowered to run within --max-batch-seconds
 
 
 @dataclass
@@ -71,7 +72,10 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
     )
     runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
-    runtime.warm_up(tokenizer.max_length, config.max_batch_tokens, config.max_batch_size)
+    max_batch_tokens = config.max_batch_tokens
+    if config.max_batch_seconds > 0:
+        max_batch_tokens = runtime.batch_tokens_within(config.max_batch_seconds, tokenizer.max_length, max_batch_tokens)
+    runtime.warm_up(tokenizer.max_length, max_batch_tokens, config.max_batch_size)
     info = ModelInfo(
         name=name or str(manifest["model_id"]),
         model_id=str(manifest["model_id"]),
@@ -82,6 +86,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         execution_provider=runtime.provider,
         precision=runtime.precision,
         version=VERSION,
+        max_batch_tokens=max_batch_tokens,
     )
     return LoadedModel(runtime, tokenizer, info)
 

@@ -27,10 +27,12 @@ import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from server.admission import Admission
 from server.errors import InvalidInput
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
-from server.service import Call, RpcAccounting, deadline_of, lenient
+from server.pipeline import Tokenized, check_count
+from server.service import Call, Received, RpcAccounting, deadline_of, receiving
 
 DESCRIPTOR_SET = Path(__file__).parent / "_proto" / "open_inference_grpc.binpb"
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -155,32 +157,34 @@ def _bool_parameter(request: Any, name: str, default: bool) -> bool:
 
 # ---- the servicer ---------------------------------------------------------------------------------
 class OpenInferenceService(RpcAccounting):
-    def __init__(self, state: ServingState, metrics: Metrics, max_concurrent_rpcs: int, version: str) -> None:
-        super().__init__(state, metrics, max_concurrent_rpcs)
+    def __init__(self, state: ServingState, metrics: Metrics, admission: Admission, version: str) -> None:
+        super().__init__(state, metrics, admission)
         self.version = version
 
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary("ServerLive", request, context, self._live)
+    async def ServerLive(self, received: Received, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ServerLive", received, context, lambda call: self._live(received.take(), call))
 
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary("ServerReady", request, context, self._ready)
+    async def ServerReady(self, received: Received, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ServerReady", received, context, lambda call: self._ready(received.take(), call))
 
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary("ModelReady", request, context, lambda call: self._model_ready(request, call))
+    async def ModelReady(self, received: Received, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ModelReady", received, context, lambda call: self._model_ready(received.take(), call))
 
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary("ServerMetadata", request, context, self._server_metadata)
+    async def ServerMetadata(self, received: Received, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(
+            "ServerMetadata", received, context, lambda call: self._server_metadata(received.take(), call)
+        )
 
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary("ModelMetadata", request, context, lambda call: self._metadata(request, call))
+    async def ModelMetadata(self, received: Received, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary("ModelMetadata", received, context, lambda call: self._metadata(received.take(), call))
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary("ModelInfer", request, context, lambda call: self._infer(request, context, call))
+    async def ModelInfer(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._admitted("ModelInfer", context, lambda call, received: self._infer(received, context, call))
 
-    async def _live(self, call: Call) -> Any:
+    async def _live(self, request: Any, call: Call) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    async def _ready(self, call: Call) -> Any:
+    async def _ready(self, request: Any, call: Call) -> Any:
         return pb.ServerReadyResponse(ready=self.state.ready)
 
     async def _model_ready(self, request: Any, call: Call) -> Any:
@@ -191,7 +195,7 @@ class OpenInferenceService(RpcAccounting):
         ready = model is not None and _answers_to(model, request.version)
         return pb.ModelReadyResponse(ready=ready)
 
-    async def _server_metadata(self, call: Call) -> Any:
+    async def _server_metadata(self, request: Any, call: Call) -> Any:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=[])
 
     def _model(self, request: Any, call: Call, name_field: str, version_field: str) -> ServedModel:
@@ -226,7 +230,8 @@ class OpenInferenceService(RpcAccounting):
             },
         )
 
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext, call: Call) -> Any:
+    async def _infer(self, received: Received, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = received.take()
         model = self._model(request, call, "model_name", "model_version")
         for wanted in request.outputs:
             if wanted.name != OUTPUT:
@@ -239,34 +244,42 @@ class OpenInferenceService(RpcAccounting):
         if len(tensors) != len(inputs):
             raise InvalidInput("an input name appears twice")
         deadline = deadline_of(context)
+        client = context.peer()
+        request_id = request.id
         if set(tensors) == {TEXT_INPUT}:
             texts = decode_text(*tensors[TEXT_INPUT])
             normalize = _bool_parameter(request, "normalize", True)
-            truncate = _bool_parameter(request, "truncate", False)
-            result = await model.pipeline.embed(texts, truncate, normalize, deadline)
+            tokenized = await model.pipeline.tokenize(texts, _bool_parameter(request, "truncate", False), client)
+            del texts
         elif set(tensors) == set(TOKEN_INPUTS):
             ids, mask = (decode_int64(*tensors[name]) for name in TOKEN_INPUTS)
-            rows = token_rows(ids, mask, model)
-            result = await model.pipeline.embed_rows(rows, _bool_parameter(request, "normalize", False), deadline)
+            tokenized = Tokenized(token_rows(ids, mask, model), [], 0.0)
+            check_count(len(tokenized.rows), model.pipeline.limits)
+            normalize = _bool_parameter(request, "normalize", False)
         else:
             raise InvalidInput(
                 f"inputs {sorted(tensors)}: send either {TEXT_INPUT!r} (BYTES [N]) or "
                 f"{TOKEN_INPUTS[0]!r} and {TOKEN_INPUTS[1]!r} (INT64 [N, T])"
             )
+        del request, inputs, raw, tensors  # only the token rows wait for the batch (see service._embed)
+        received.release()
+        result = await model.pipeline.compute(tokenized, normalize, deadline, client)
         embeddings = np.ascontiguousarray(result.embeddings, dtype="<f4")
-        response = pb.ModelInferResponse(model_name=model.name, model_version=model.info.model_version, id=request.id)
+        response = pb.ModelInferResponse(model_name=model.name, model_version=model.info.model_version, id=request_id)
         response.outputs.add(name=OUTPUT, datatype="FP32", shape=list(embeddings.shape))
         response.raw_output_contents.append(embeddings.tobytes())
         return response
 
 
-def add_to_server(service: OpenInferenceService, server: grpc.aio.Server) -> None:
-    """Generic handlers (no generated stubs): malformed bytes are INVALID_ARGUMENT, as for Embedder."""
+def add_to_server(service: OpenInferenceService, server: grpc.aio.Server, admission: Admission) -> None:
+    """Generic handlers (no generated stubs): bodies admitted before parsing, as for Embedder."""
     handlers = {}
     for method in METHODS:
         request_class = getattr(pb, f"{method}Request")
-        handlers[method] = grpc.unary_unary_rpc_method_handler(
-            getattr(service, method), lenient(request_class.FromString), lambda m: m.SerializeToString()
+        # ModelInfer carries bodies: request-streaming, so it is admitted before its body is read (service.py).
+        make = grpc.stream_unary_rpc_method_handler if method == "ModelInfer" else grpc.unary_unary_rpc_method_handler
+        handlers[method] = make(
+            getattr(service, method), receiving(request_class.FromString, admission), lambda m: m.SerializeToString()
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -1,7 +1,8 @@
 """The serving pipeline without transport: validate -> tokenize -> batch -> normalise.
 
-Texts enter through ``embed``; token id rows already made by a client (the Open Inference
-Protocol's token mode) enter through ``embed_rows`` and join the same batches.
+Texts are tokenized by ``tokenize``; ``compute`` queues token rows, the tokenizer's or a client's
+own (the Open Inference Protocol's token mode), into the same batches. The two steps are apart so a
+front end can drop the request body in between: only the rows wait for the batch.
 
 server/service.py wraps it in gRPC; tests and the benchmark can drive it directly.
 """
@@ -9,7 +10,6 @@ server/service.py wraps it in gRPC; tests and the benchmark can drive it directl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.batcher import Batcher, RunBatch
-from server.errors import InvalidInput, Overloaded
+from server.errors import InvalidInput
 from server.metrics import ModelMetrics
-from server.tokenize import Encoded, TextTokenizer
+from server.tokenize import TextTokenizer
 
 MIN_TOKENS_PER_INPUT = 2  # [CLS] and [SEP]
 INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event loop (~20 us a short text)
@@ -30,7 +30,13 @@ INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event l
 class Limits:
     max_client_batch_size: int
     max_input_chars: int
-    max_tokenizing_chars: int  # characters waiting for or in tokenization, all requests together
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    rows: list[np.ndarray]  # int64 token ids per input, special tokens included, no padding
+    truncated: list[int]  # indices of inputs cut to the model's max length
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -106,51 +112,37 @@ class Pipeline:
         self.limits = limits
         self.metrics = metrics
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
-        self._tokenizing_chars = 0  # the tokenization stage's load: it refuses work beyond its limit
 
-    async def embed(self, texts: Sequence[str], truncate: bool, normalize: bool, deadline: float | None) -> Embedded:
-        """``texts`` may be the request message's own sequence: it is read, never kept whole."""
+    async def embed(
+        self, texts: Sequence[str], truncate: bool, normalize: bool, deadline: float | None, client: str = ""
+    ) -> Embedded:
+        return await self.compute(await self.tokenize(texts, truncate, client), normalize, deadline, client)
+
+    async def tokenize(self, texts: Sequence[str], truncate: bool, client: str = "") -> Tokenized:
+        """``texts`` may be the request message's own sequence: it is read, never kept whole.
+
+        Once this returns the caller can drop the request body: only the token rows are needed.
+        """
         prepared = validate(texts, self.limits, self.tokenizer.cut if truncate else str)
-        self._admit(MIN_TOKENS_PER_INPUT * len(texts), len(texts))
+        # Refuse before paying for tokenization when the queue cannot take even the shortest version.
+        self.batcher.check_room(MIN_TOKENS_PER_INPUT * len(texts), client)
         started = time.perf_counter()
-        chars = sum(len(t) for t in prepared)
-        if chars <= INLINE_TOKENIZE_CHARS:
+        if sum(len(t) for t in prepared) <= INLINE_TOKENIZE_CHARS:
             # Cheaper than a thread hop, and a short request never waits behind long ones' tokenization.
             encoded = self.tokenizer.encode(prepared, truncate, texts)
         else:
-            encoded = await self._tokenize_in_pool(prepared, truncate, texts, chars)
-        tokenize_seconds = time.perf_counter() - started
-        self.metrics.tokenize_duration.observe(tokenize_seconds)
-        return await self._compute(encoded.rows, encoded.truncated, normalize, deadline, tokenize_seconds)
+            loop = asyncio.get_running_loop()
+            encoded = await loop.run_in_executor(self._tokenize_pool, self.tokenizer.encode, prepared, truncate, texts)
+        seconds = time.perf_counter() - started
+        self.metrics.tokenize_duration.observe(seconds)
+        return Tokenized(encoded.rows, encoded.truncated, seconds)
 
-    async def embed_rows(self, rows: list[np.ndarray], normalize: bool, deadline: float | None) -> Embedded:
-        """At least one token id row (special tokens included, no padding), checked by the caller.
-
-        Nothing to tokenize, so the batcher's own admission (on the rows' real tokens) is the only one.
-        """
-        check_count(len(rows), self.limits)
-        return await self._compute(rows, [], normalize, deadline, 0.0)
-
-    def _admit(self, min_tokens: int, n: int) -> None:  # before tokenization: the shortest possible request
-        """Refuse before paying for tokenization when the queue cannot take even the shortest version."""
-        policy = self.batcher.policy
-        if min_tokens > policy.max_queue_tokens:
-            raise InvalidInput(
-                f"{n} inputs need at least {min_tokens} tokens, more than the server queues at once "
-                f"({policy.max_queue_tokens}); split the request"
-            )
-        if self.batcher.queued_tokens + min_tokens > policy.max_queue_tokens:
-            raise Overloaded(f"queue full ({self.batcher.queued_tokens} tokens waiting); retry later")
-
-    async def _compute(
-        self,
-        rows: list[np.ndarray],
-        truncated: list[int],
-        normalize: bool,
-        deadline: float | None,
-        tokenize_seconds: float,
+    async def compute(
+        self, tokenized: Tokenized, normalize: bool, deadline: float | None, client: str = ""
     ) -> Embedded:
-        result = await self.batcher.submit(rows, deadline)
+        """Queue the rows (fairly among clients, see server/batcher.py) and wait for their embeddings."""
+        rows, truncated, tokenize_seconds = tokenized.rows, tokenized.truncated, tokenized.seconds
+        result = await self.batcher.submit(rows, deadline, client)
         dim = result.embeddings.shape[1] // 2
         embeddings = result.embeddings[:, dim:] if normalize else result.embeddings[:, :dim]
         counts = [len(r) for r in rows]
@@ -164,24 +156,6 @@ class Pipeline:
             queue_seconds=result.queue_seconds,
             inference_seconds=result.inference_seconds,
         )
-
-    async def _tokenize_in_pool(self, prepared: list[str], truncate: bool, texts: Sequence[str], chars: int) -> Encoded:
-        """The bounded tokenization stage: at most max_tokenizing_chars in progress, the rest refused."""
-        if self._tokenizing_chars + chars > self.limits.max_tokenizing_chars:
-            raise Overloaded(f"tokenization is full ({self._tokenizing_chars} characters in progress); retry later")
-        loop = asyncio.get_running_loop()
-        self._tokenizing_chars += chars
-        work = self._tokenize_pool.submit(self.tokenizer.encode, prepared, truncate, texts)
-
-        def release(_: object) -> None:  # when the thread is done, even if this caller was cancelled
-            with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing left to count
-                loop.call_soon_threadsafe(self._release_tokenizing, chars)
-
-        work.add_done_callback(release)
-        return await asyncio.wrap_future(work)
-
-    def _release_tokenizing(self, chars: int) -> None:
-        self._tokenizing_chars -= chars
 
     def close(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)

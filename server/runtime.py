@@ -13,6 +13,7 @@ import logging
 import platform
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,22 @@ class OnnxRuntime:
 
     def run_rows(self, rows: Sequence[np.ndarray]) -> np.ndarray:
         return self.run(*pad_rows(rows, self.pad_id))
+
+    def batch_tokens_within(self, seconds: float, max_len: int, max_batch_tokens: int) -> int:
+        """The most padded tokens, in whole rows of ``max_len``, that one batch computes within ``seconds``.
+
+        Timed on a batch of up to 8 full rows after one run of the same shape (which pays for memory
+        and kernel choice); cost per token grows a little with batch size on a CPU, so this errs long
+        by a few percent. ``max_batch_tokens`` is the most it returns, ``max_len`` the least.
+        """
+        rows = max(1, min(8, max_batch_tokens // max_len))
+        ids = np.full((rows, max_len), self.pad_id + 1, dtype=np.int64)
+        self.run(ids, np.ones_like(ids))
+        started = time.perf_counter()
+        self.run(ids, np.ones_like(ids))
+        per_token = max(time.perf_counter() - started, 1e-9) / (rows * max_len)
+        fitting = int(seconds / per_token) // max_len * max_len
+        return max(max_len, min(max_batch_tokens, fitting))
 
     def warm_up(self, max_len: int, max_batch_tokens: int, max_batch_size: int) -> None:
         """First runs allocate memory and pick kernels; pay for that before reporting SERVING.

@@ -16,6 +16,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from server.admission import Admission, Ticket
 from server.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -55,42 +56,85 @@ REJECTION_REASON: dict[type[EmbedError], str] = {
     Cancelled: "cancelled",
 }
 
-DESCRIBED_FIELDS = ("model_id", "model_version", "dim", "max_input_length", "execution_provider", "precision")
+DESCRIBED_FIELDS = (
+    "model_id",
+    "model_version",
+    "dim",
+    "max_input_length",
+    "execution_provider",
+    "precision",
+    "max_batch_tokens",
+)
 STREAM_WINDOW = 16  # requests of one stream computed concurrently; reading pauses beyond that
 
 
-class MalformedRequest:
-    """Stands in for a request whose bytes are not a valid protobuf message (answered INVALID_ARGUMENT).
+class Received:
+    """A request as the handler gets it: the parsed message with its admission tickets (its call's
+    place and its body's bytes), or the reason it was not parsed (malformed, or refused unparsed).
 
-    gRPC's own deserialization failure would surface as UNKNOWN with a traceback in the log.
+    The handler takes the message out and drops it once tokenized, and releases the tickets then:
+    a request waiting for its batch holds only its token rows.
     """
 
-    def __init__(self, error: Exception) -> None:
-        self.message = f"malformed request: {error}"
+    __slots__ = ("_message", "error", "tickets")
+
+    def __init__(self, message: Any = None, error: EmbedError | None = None, ticket: Ticket | None = None) -> None:
+        self._message = message
+        self.error = error
+        self.tickets = [ticket] if ticket else []
+
+    def take(self) -> Any:
+        """The message (once), or the error that stopped it from being parsed."""
+        if self.error is not None:
+            raise self.error
+        message, self._message = self._message, None
+        return message
+
+    def release(self) -> None:
+        for ticket in self.tickets:
+            ticket.release()
 
 
-def lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    def deserialize(data: bytes) -> Any:
+def receiving(parse: Callable[[bytes], Any], admission: Admission) -> Callable[[bytes], Received]:
+    """A request deserializer that admits the body's bytes before parsing them.
+
+    Malformed bytes become INVALID_ARGUMENT (gRPC's own failure would be UNKNOWN with a traceback in
+    the log); a body over the byte budget is refused RESOURCE_EXHAUSTED without being parsed.
+    """
+
+    def deserialize(data: bytes) -> Received:
         try:
-            return parse(data)
+            ticket = admission.receive(len(data))
+        except Overloaded as e:
+            return Received(error=e)
+        try:
+            return Received(parse(data), ticket=ticket)
         except DecodeError as e:
-            return MalformedRequest(e)
+            ticket.release()
+            return Received(error=InvalidInput(f"malformed request: {e}"))
 
     return deserialize
 
 
-def add_to_server(service: EmbedderService, server: grpc.aio.Server) -> None:
-    """Like the generated add_EmbedderServicer_to_server, with malformed bytes answered INVALID_ARGUMENT."""
+def add_to_server(service: EmbedderService, server: grpc.aio.Server, admission: Admission) -> None:
+    """Like the generated add_EmbedderServicer_to_server, with every body admitted before it is parsed.
+
+    Embed is registered request-streaming (the wire is the same as a unary call's): gRPC reads a unary
+    call's message before any handler code runs, so only this way can the handler admit the call by
+    its connection first and refuse it unread (``RpcAccounting._admitted``).
+    """
     pb = embedding_pb2
     handlers = {
-        "Embed": grpc.unary_unary_rpc_method_handler(
-            service.Embed, lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
+        "Embed": grpc.stream_unary_rpc_method_handler(
+            service.Embed, receiving(pb.EmbedRequest.FromString, admission), pb.EmbedResponse.SerializeToString
         ),
         "EmbedStream": grpc.stream_stream_rpc_method_handler(
-            service.EmbedStream, lenient(pb.EmbedRequest.FromString), pb.EmbedResponse.SerializeToString
+            service.EmbedStream,
+            receiving(pb.EmbedRequest.FromString, admission),
+            pb.EmbedResponse.SerializeToString,
         ),
         "Info": grpc.unary_unary_rpc_method_handler(
-            service.Info, lenient(pb.InfoRequest.FromString), pb.InfoResponse.SerializeToString
+            service.Info, receiving(pb.InfoRequest.FromString, admission), pb.InfoResponse.SerializeToString
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
@@ -170,10 +214,10 @@ class Call:
 class RpcAccounting:
     """Counting, admission by RPCs in progress and error translation, shared by both protocols."""
 
-    def __init__(self, state: ServingState, metrics: Metrics, max_concurrent_rpcs: int) -> None:
+    def __init__(self, state: ServingState, metrics: Metrics, admission: Admission) -> None:
         self.state = state
         self.metrics = metrics
-        self._max_concurrent_rpcs = max_concurrent_rpcs
+        self.admission = admission
 
     @contextlib.contextmanager
     def _observe(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[Call]:
@@ -201,11 +245,8 @@ class RpcAccounting:
             self.metrics.request_duration.labels(method, call.model).observe(time.perf_counter() - started)
 
     def _admit(self, request: Any, call: Call, name_field: str = "model") -> ServedModel:
-        """The checks before any work: well-formed, not too many RPCs, a served and loaded model."""
-        if isinstance(request, MalformedRequest):
-            raise InvalidInput(request.message)
-        if self.state.in_flight > self._max_concurrent_rpcs:  # counts this one too
-            raise Overloaded(f"more than {self._max_concurrent_rpcs} requests in progress; retry later")
+        """The model a request names, served and loaded (calls in progress and bytes are bounded before
+        the request is parsed: gRPC's maximum_concurrent_rpcs and ``receiving``)."""
         model = self.state.resolve(getattr(request, name_field))
         call.model = model.name
         return model
@@ -213,20 +254,50 @@ class RpcAccounting:
     async def _unary(
         self,
         method: str,
-        request: object,
+        received: Received,
         context: grpc.aio.ServicerContext,
         work: Callable[[Call], Awaitable[Any]],
     ) -> Any:
-        """One unary RPC: counted, and any failure answered with its status code from the table."""
+        """One unary RPC: counted, its body's bytes released, any failure answered with its status code."""
         with self._observe(method, context) as call:
             try:
-                if isinstance(request, MalformedRequest):
-                    raise InvalidInput(request.message)
                 return await work(call)
             except Exception as e:
                 error = self._failed(e, method, call)
                 await context.abort(call.code, str(error))
                 raise AssertionError("unreachable: abort raises") from None
+            finally:
+                received.release()
+
+    async def _admitted(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[Call, Received], Awaitable[Any]],
+    ) -> Any:
+        """A unary call registered request-streaming: admitted by its connection, then its one message read.
+
+        Refused (RESOURCE_EXHAUSTED) before a byte of its body is read when the calls in progress are
+        full; the work releases the tickets once it no longer needs the body.
+        """
+        with self._observe(method, context) as call:
+            received: Received | None = None
+            try:
+                place = self.admission.enter(context.peer())
+                read = await context.read()
+                if read is grpc.aio.EOF:
+                    place.release()
+                    raise InvalidInput("the call carried no request message")
+                received = read
+                received.tickets.append(place)
+                return await work(call, received)
+            except Exception as e:
+                error = self._failed(e, method, call)
+                await context.abort(call.code, str(error))
+                raise AssertionError("unreachable: abort raises") from None
+            finally:
+                if received is not None:
+                    received.release()
 
     def _failed(self, error: Exception, method: str, call: Call) -> EmbedError:
         """Any failure as the client gets it: records its status code and refusal reason."""
@@ -250,32 +321,37 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         state: ServingState,
         metrics: Metrics,
         batching: embedding_pb2.InfoResponse,
+        admission: Admission,
         max_streams: int = 64,
-        max_concurrent_rpcs: int = 512,
     ) -> None:
-        super().__init__(state, metrics, max_concurrent_rpcs)
+        super().__init__(state, metrics, admission)
         self._batching = batching  # the limits part of Info, fixed at start
         self._max_streams = max_streams
         self._open_streams = 0
 
     async def _embed(
-        self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext, call: Call
+        self, received: Received, context: grpc.aio.ServicerContext, call: Call
     ) -> embedding_pb2.EmbedResponse:
+        request = received.take()
         model = self._admit(request, call)
         started = time.perf_counter()
         deadline = deadline_of(context)
         normalize = request.normalize if request.HasField("normalize") else True
+        client = context.peer()
         # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
-        result = await model.pipeline.embed(request.inputs, request.truncate, normalize, deadline)
+        tokenized = await model.pipeline.tokenize(request.inputs, request.truncate, client)
+        del request  # only the token rows wait for the batch: the body's memory and places go now
+        received.release()
+        result = await model.pipeline.compute(tokenized, normalize, deadline, client)
         return to_response(result, time.perf_counter() - started, model.name)
 
     async def Embed(
-        self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[Received], context: grpc.aio.ServicerContext
     ) -> embedding_pb2.EmbedResponse:
-        return await self._unary("Embed", request, context, lambda call: self._embed(request, context, call))
+        return await self._admitted("Embed", context, lambda call, received: self._embed(received, context, call))
 
     async def EmbedStream(
-        self, request_iterator: AsyncIterator[embedding_pb2.EmbedRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[Received], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[embedding_pb2.EmbedResponse]:
         """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
         if self._open_streams >= self._max_streams:
@@ -290,12 +366,14 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         window = asyncio.Semaphore(STREAM_WINDOW)
         pending: asyncio.Queue[asyncio.Task[embedding_pb2.EmbedResponse] | None] = asyncio.Queue()
 
-        async def one(request: embedding_pb2.EmbedRequest) -> embedding_pb2.EmbedResponse:
+        async def one(received: Received) -> embedding_pb2.EmbedResponse:
             with self._observe("EmbedStream", context) as call:
                 try:
-                    return await self._embed(request, context, call)
+                    return await self._embed(received, context, call)
                 except Exception as e:
                     raise self._failed(e, "EmbedStream", call) from None
+                finally:
+                    received.release()
 
         async def read() -> None:
             try:
@@ -325,10 +403,8 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
                 if task is not None:
                     task.cancel()
 
-    async def Info(
-        self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> embedding_pb2.InfoResponse:
-        return await self._unary("Info", request, context, lambda call: self._info(request, call))
+    async def Info(self, received: Received, context: grpc.aio.ServicerContext) -> embedding_pb2.InfoResponse:
+        return await self._unary("Info", received, context, lambda call: self._info(received.take(), call))
 
     async def _info(self, request: embedding_pb2.InfoRequest, call: Call) -> embedding_pb2.InfoResponse:
         info = self.state.resolve(request.model).info
@@ -339,3 +415,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         for i, model in enumerate(self.state.models.values()):
             describe(model.info, response.models.add(name=model.name, is_default=i == 0))
         return response
+
+    def set_limits(self, limits: embedding_pb2.InfoResponse) -> None:
+        """The serving limits Info reports, once the memory plan is known (after loading)."""
+        self._batching = limits

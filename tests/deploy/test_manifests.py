@@ -68,3 +68,19 @@ def test_dockerfile_healthcheck_asks_the_plaintext_health_port_the_image_opens()
     assert "EMBED_HEALTH_PORT=50052" in text and "EXPOSE 50051 9464 50052" in text
     healthcheck = text[text.index("HEALTHCHECK") :].split("\n\n")[0]
     assert '"--target", "127.0.0.1:50052"' in healthcheck and '"health"' in healthcheck
+
+
+def test_the_image_and_the_deployment_follow_the_memory_sizing_rule() -> None:
+    """The image sets the allocator settings the server would otherwise restart itself for; the pod's memory
+    limit is the one the flood test holds peak RSS to 75% of (tests/reliability/test_flood.py)."""
+    from server.memory import MALLOC_SETTINGS
+    from tests.reliability.test_flood import LIMIT_MIB
+
+    text = (K8S.parent / "Dockerfile").read_text()
+    for name, value in MALLOC_SETTINGS.items():
+        assert f"{name}={value}" in text
+    (deployment,) = by_kind("Deployment")
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["memory"] == f"{LIMIT_MIB // 1024}Gi"
+    # Requests equal to the limit: the budgets assume the limit's memory is really there.
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]

@@ -1,9 +1,11 @@
 """A load generator for the memory test: many concurrent clients each sending the largest requests.
 
     python -m tests.reliability.flood --target HOST:PORT [--clients 200] [--inputs 64] [--chars 20000] [--seconds 20]
+        [--channels 8]
 
-Prints one JSON line: the status codes the clients got, counted. Runs in its own process so that its
-CPU and memory are not the server's or the test's.
+Prints one JSON line: the calls sent and the status codes they got, counted (a call that never got an
+answer would be missing from the codes). Runs in its own process so that its CPU and memory are not the
+server's or the test's.
 """
 
 from __future__ import annotations
@@ -42,25 +44,32 @@ def long_text(chars: int, seed: int) -> str:
     return " ".join(words)[:chars]
 
 
-async def flood(target: str, clients: int, inputs: int, chars: int, seconds: float) -> Counter[str]:
+async def flood(
+    target: str, clients: int, inputs: int, chars: int, seconds: float, channels: int = 8
+) -> tuple[int, Counter[str]]:
     message = embedding_pb2.EmbedRequest(inputs=[long_text(chars, i) for i in range(inputs)], truncate=True)
-    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
+    connections = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(channels)
+    ]
     codes: Counter[str] = Counter()
+    sent = 0
     end = time.monotonic() + seconds
 
     async def client(stub: embedding_pb2_grpc.EmbedderStub) -> None:
+        nonlocal sent
         while time.monotonic() < end:
+            sent += 1
             try:
                 response = await stub.Embed(message, timeout=30)
                 codes["OK" if len(response.embeddings) == inputs else "WRONG"] += 1
             except grpc.aio.AioRpcError as e:
                 codes[e.code().name] += 1
 
-    stubs = [embedding_pb2_grpc.EmbedderStub(c) for c in channels]
+    stubs = [embedding_pb2_grpc.EmbedderStub(c) for c in connections]
     await asyncio.gather(*(client(stubs[i % len(stubs)]) for i in range(clients)))
-    for channel in channels:
-        await channel.close()
-    return codes
+    for connection in connections:
+        await connection.close()
+    return sent, codes
 
 
 def main() -> None:
@@ -70,9 +79,10 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument("--chars", type=int, default=20_000)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--channels", type=int, default=8, help="connections the clients share (1: one channel)")
     args = parser.parse_args()
-    codes = asyncio.run(flood(args.target, args.clients, args.inputs, args.chars, args.seconds))
-    print(json.dumps(dict(codes)), flush=True)
+    sent, codes = asyncio.run(flood(args.target, args.clients, args.inputs, args.chars, args.seconds, args.channels))
+    print(json.dumps({"sent": sent, "codes": dict(codes)}), flush=True)
 
 
 if __name__ == "__main__":

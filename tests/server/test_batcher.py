@@ -455,3 +455,70 @@ def test_an_unhealthy_backend_is_probed_and_recovers_without_traffic() -> None:
         return reports
 
     assert asyncio.run(run()) == [False, True]
+
+
+def test_a_short_request_from_another_client_goes_ahead_of_a_backlog() -> None:
+    """Fair queueing: one client's 40 queued rows do not make another client's one row wait behind them."""
+
+    async def run() -> FakeRuntime:
+        runtime = FakeRuntime()
+        policy = BatchPolicy(max_batch_tokens=40, max_batch_size=4, max_queue_tokens=10_000, max_padding_ratio=1.0)
+        batcher = Batcher(runtime, policy)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([row(10)], client="flooder"))
+        await settle()  # held in the backend
+        backlog = [asyncio.create_task(batcher.submit([row(10)] * 4, client="flooder")) for _ in range(10)]
+        await settle()
+        small = asyncio.create_task(batcher.submit([row(3, tag=7)], client="small"))
+        await settle()
+        runtime.release.set()
+        await asyncio.gather(first, small, *backlog)
+        await batcher.close()
+        return runtime
+
+    runtime = asyncio.run(run())
+    # Batch 1 was running; the short row is in batch 2, not after the flooder's ten 4-row requests.
+    assert 3 in runtime.batches[1], runtime.batches
+    assert len(runtime.batches) == 12
+
+
+def test_one_client_is_served_in_arrival_order() -> None:
+    async def run() -> list[int]:
+        runtime = FakeRuntime()
+        batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=10, max_batch_size=1, max_queue_tokens=10_000))
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([row(1)], client="one"))
+        await settle()
+        later = [asyncio.create_task(batcher.submit([row(n)], client="one")) for n in (5, 2, 9, 3)]
+        await settle()
+        runtime.release.set()
+        await asyncio.gather(first, *later)
+        await batcher.close()
+        return [b[0] for b in runtime.batches]
+
+    assert asyncio.run(run()) == [1, 5, 2, 9, 3]
+
+
+def test_the_last_quarter_of_the_queue_takes_only_short_requests() -> None:
+    async def run() -> None:
+        runtime = FakeRuntime()
+        # Short: at most 6,400 / 64 = 100 tokens. Large requests may fill 4,800 tokens, short ones 6,400.
+        batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=2000, max_batch_size=1, max_queue_tokens=6400))
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([row(10)]))
+        await settle()
+        queued = [asyncio.create_task(batcher.submit([row(1200)] * 2, client=f"c{i}")) for i in range(2)]
+        await settle()
+        assert batcher.queued_tokens == 4800
+        with pytest.raises(Overloaded, match="kept for short requests"):
+            await batcher.submit([row(200)], client="c0")
+        shorts = [asyncio.create_task(batcher.submit([row(100)], client="small")) for _ in range(16)]
+        await settle()
+        assert batcher.queued_tokens == 6400  # the short ones filled the reserved quarter
+        with pytest.raises(Overloaded, match=r"queue full \(6400 of 6400 tokens waiting\)"):
+            await batcher.submit([row(2)], client="small")
+        runtime.release.set()
+        await asyncio.gather(running, *queued, *shorts)
+        await batcher.close()
+
+    asyncio.run(run())

@@ -267,14 +267,14 @@ def test_status_counters_equal_what_the_clients_saw(tiny_artifacts) -> None:
             seen[method, e.code().name] += 1
 
     pipeline = server.server.default.pipeline
-    real_embed = pipeline.embed
+    real_tokenize = pipeline.tokenize
 
-    async def buggy_embed(texts, *args):  # type: ignore[no-untyped-def]
-        if texts == ["boom"]:
+    async def buggy_tokenize(texts, *args):  # type: ignore[no-untyped-def]
+        if list(texts) == ["boom"]:
             raise KeyError("a bug, not a domain error")
-        return await real_embed(texts, *args)
+        return await real_tokenize(texts, *args)
 
-    pipeline.embed = buggy_embed  # type: ignore[method-assign]
+    pipeline.tokenize = buggy_tokenize  # type: ignore[method-assign]
     try:
         for _ in range(2):
             call("Embed", request("fine"))

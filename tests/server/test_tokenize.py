@@ -58,7 +58,7 @@ def test_a_long_text_is_cut_to_a_bounded_prefix_before_tokenizing(tokenizer: Tex
     assert len(prepared) <= tokenizer.cut_chars < 1000 and text.startswith(prepared)
     giant_word = tokenizer.cut("x" * 20_000)  # no word boundary: kept whole
     assert len(giant_word) == 20_000
-    limits = Limits(max_client_batch_size=4, max_input_chars=20_000, max_tokenizing_chars=80_000)
+    limits = Limits(max_client_batch_size=4, max_input_chars=20_000)
     assert validate([text], limits) == [text]  # the pipeline cuts only with truncation on: here nothing is cut
 
 

@@ -1,0 +1,108 @@
+"""The memory the process may use, and the budgets derived from it (docs/reliability.md, "Memory").
+
+The limit is the cgroup's (``memory.max``, what Kubernetes sets from the container's limit), else
+``--memory-limit-mib``, else the machine's memory. Peak RSS is kept within ``TARGET_SHARE`` of it:
+what the models take once loaded and warmed up (their largest batch included) is measured, and the
+rest goes to request bodies received and not yet tokenized (the byte budget, ``Admission``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2
+TARGET_SHARE = 0.75  # of the limit: the rest is slack for the allocator, the kernel's accounting and spikes
+# What one byte of body costs in memory until it is tokenized: gRPC's buffers, the bytes object it copies
+# them into, the parsed message and the Python strings read from it (docs/reliability.md, "Memory").
+MEMORY_PER_BODY_BYTE = 3
+MIB = 1 << 20
+
+
+def memory_limit(flag_mib: int, cgroup_file: Path = CGROUP_MEMORY_MAX) -> tuple[int, str]:
+    """(bytes, where it came from): the cgroup's limit, else the flag, else the machine's memory."""
+    try:
+        text = cgroup_file.read_text().strip()
+        if text != "max":
+            return int(text), f"cgroup {cgroup_file}"
+    except (OSError, ValueError):
+        pass
+    if flag_mib > 0:
+        return flag_mib * MIB, "--memory-limit-mib"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process (Linux /proc); 0 where there is no /proc."""
+    try:
+        for line in Path(f"/proc/{pid or os.getpid()}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    limit_bytes: int
+    limit_source: str
+    models_bytes: int  # RSS once every model is loaded and has run its largest batch
+    request_bytes: int  # the byte budget: request bodies held (received, not yet tokenized)
+    request_calls: int  # calls reading or tokenizing their body at once: request_bytes / max_message_bytes
+
+    @property
+    def target_bytes(self) -> int:
+        return int(self.limit_bytes * TARGET_SHARE)
+
+    def describe(self) -> str:
+        return (
+            f"memory limit {self.limit_bytes // MIB} MiB ({self.limit_source}); target peak "
+            f"{self.target_bytes // MIB} MiB; models {self.models_bytes // MIB} MiB after warm-up; "
+            f"request bodies {self.request_bytes // MIB} MiB, {self.request_calls} calls reading or tokenizing"
+        )
+
+
+def plan(limit: tuple[int, str], models_bytes: int, max_message_bytes: int, override_bytes: int = 0) -> MemoryPlan:
+    """What the target leaves once the models are warm goes to request bodies, each byte costing
+    MEMORY_PER_BODY_BYTE; calls are counted as if every body were the largest message, so the bound
+    holds before any body is read.
+
+    ``override_bytes`` (--max-request-bytes) replaces the derived budget. Raises ValueError when not
+    even one largest message fits: the limit is too small for these models and batches.
+    """
+    limit_bytes, source = limit
+    left = int(limit_bytes * TARGET_SHARE) - models_bytes
+    budget = override_bytes or left // MEMORY_PER_BODY_BYTE
+    if budget < max_message_bytes:
+        raise ValueError(
+            f"memory limit {limit_bytes // MIB} MiB ({source}) leaves {max(left, 0) // MIB} MiB for requests "
+            f"once the models take {models_bytes // MIB} MiB, less than one largest message "
+            f"({max_message_bytes // MIB} MiB x {MEMORY_PER_BODY_BYTE}): raise the limit, or lower "
+            "--max-batch-seconds/--max-batch-tokens or --max-message-bytes"
+        )
+    return MemoryPlan(limit_bytes, source, models_bytes, budget, budget // max_message_bytes)
+
+
+# glibc's malloc settings, read from the environment when the process starts.
+MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
+
+
+def reexec_with_malloc_settings() -> None:
+    """Restart this ``python -m server`` in place (same pid) with MALLOC_SETTINGS, unless they are set.
+
+    glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB), after which a
+    request's megabyte-sized buffers come from the heap and stay there as fragmentation. A flood of
+    the largest requests took peak RSS from 924-951 MiB to 729-731 MiB with the threshold fixed at
+    128 KiB. glibc reads these only at start (mallopt() from Python, after start, gave no gain), hence
+    the exec; the image sets them in its environment, so there it never happens.
+    """
+    if not sys.platform.startswith("linux") or all(os.environ.get(k) for k in MALLOC_SETTINGS):
+        return
+    os.environ.update(MALLOC_SETTINGS)
+    os.execv(sys.executable, [sys.executable, "-m", "server", *sys.argv[1:]])
