@@ -48,8 +48,9 @@ def wait_serving(target: str, timeout: float = 60) -> None:
 
 @dataclass(frozen=True)
 class LocalServer:
-    target: str
+    target: str  # gRPC host:port
     process: subprocess.Popen[bytes]
+    http: str  # the HTTP API's base URL
 
 
 def rss_bytes(pid: int) -> int:
@@ -63,7 +64,7 @@ def rss_bytes(pid: int) -> int:
 @contextmanager
 def local_server(model_dir: str, extra: Sequence[str] = (), source: Path = ROOT) -> Iterator[LocalServer]:
     """`python -m server` (from ``source``, a checkout) on a free loopback port, stopped with SIGTERM afterwards."""
-    port = free_port()
+    port, http_port = free_port(), free_port()
     process = subprocess.Popen(
         [
             sys.executable,
@@ -75,6 +76,10 @@ def local_server(model_dir: str, extra: Sequence[str] = (), source: Path = ROOT)
             str(port),
             "--metrics-port",
             "-1",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
             "--model-dir",
             str(Path(model_dir).resolve()),
             "--log-level",
@@ -86,7 +91,7 @@ def local_server(model_dir: str, extra: Sequence[str] = (), source: Path = ROOT)
     target = f"127.0.0.1:{port}"
     try:
         wait_serving(target)
-        yield LocalServer(target, process)
+        yield LocalServer(target, process, f"http://127.0.0.1:{http_port}")
     finally:
         process.terminate()
         process.wait(30)

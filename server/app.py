@@ -11,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+import ssl
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
 
 import grpc
+import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -25,6 +30,7 @@ from server.admission import Admission
 from server.auth import BearerTokenInterceptor, server_credentials
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
+from server.http import HttpApi
 from server.metrics import Metrics
 from server.models import VERSION, LoadedModel, ServedModel, ServingState, load_model
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
@@ -48,7 +54,6 @@ class EmbeddingServer:
         self.metrics = Metrics()
         self.state = ServingState()
         self.health = health.aio.HealthServicer()
-        self._unhealthy: set[str] = set()  # models whose backend fails every batch now
         self.port = 0
         self.metrics_port = 0
         self._metrics_http: object | None = None
@@ -76,6 +81,19 @@ class EmbeddingServer:
         self.inference = OpenInferenceService(self.state, self.metrics, self.admission, VERSION)
         add_inference_to_server(self.inference, self.grpc_server, self.admission)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        self.http_api = HttpApi(
+            self.state,
+            self.metrics,
+            self.admission,
+            self._http_info,
+            token,
+            config.max_message_bytes,
+            config.http_body_timeout_seconds,
+            config.auto_truncate,
+        )
+        self.http_server: uvicorn.Server | None = None
+        self._http_socket: socket.socket | None = None
+        self.http_port = 0
         # The Open Inference Protocol is left out: its messages live in a private pool (open_inference.py),
         # and its clients (tritonclient, perf_analyzer) bring the published proto.
         reflection.enable_server_reflection(
@@ -104,6 +122,59 @@ class EmbeddingServer:
             max_request_calls=self.admission.max_calls,
         )
 
+    def _http_info(self) -> dict[str, Any]:
+        """GET /info: the same facts as the gRPC Info, every model and the serving limits."""
+        config, plan = self.config, self.memory_plan
+        return {
+            "models": [{**asdict(m.info), "is_default": i == 0} for i, m in enumerate(self.state.models.values())],
+            "max_batch_size": config.max_batch_size,
+            "max_client_batch_size": config.max_client_batch_size,
+            "max_queue_tokens": config.max_queue_tokens,
+            "max_delay_seconds": config.max_delay_seconds,
+            "max_concurrent_rpcs": config.max_concurrent_rpcs,
+            "memory_limit_bytes": plan.limit_bytes if plan else 0,
+            "memory_limit_source": plan.limit_source if plan else "",
+            "max_request_bytes": self.admission.max_bytes,
+            "max_request_calls": self.admission.max_calls,
+            "auto_truncate": config.auto_truncate,
+        }
+
+    async def _start_http(self) -> None:
+        """uvicorn on this event loop, on a socket bound here (port 0 works; the bound port is known)."""
+        config = self.config
+        family = socket.AF_INET6 if ":" in config.http_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if config.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((config.http_host, config.http_port))
+        sock.set_inheritable(True)
+        tls: dict[str, Any] = {}
+        if config.tls_cert:
+            tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
+            if config.tls_client_ca:
+                tls.update(ssl_ca_certs=config.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                self.http_api,
+                loop="none",  # this loop: the gRPC server's
+                http="httptools",
+                lifespan="off",
+                access_log=False,
+                log_level="warning",
+                timeout_keep_alive=5,
+                timeout_graceful_shutdown=int(max(1, config.grace_seconds)),
+                server_header=False,
+                **tls,
+            )
+        )
+        server.config.load()
+        server.lifespan = server.config.lifespan_class(server.config)
+        await server.startup(sockets=[sock])
+        await server.on_tick(0)  # the default headers (date); no main loop runs: stop() shuts it down
+        self.http_server, self._http_socket = server, sock
+        self.http_port = int(sock.getsockname()[1])
+
     def _admission_changed(self, held_bytes: int, calls: int) -> None:
         self.metrics.request_bytes.set(held_bytes)
         self.metrics.request_calls.set(calls)
@@ -111,7 +182,7 @@ class EmbeddingServer:
     def _unauthenticated(self, method: str) -> None:
         """A call the bearer-token check refused: counted like any other answer the client got."""
         self.metrics.rejected("unauthenticated")
-        self.metrics.requests.labels(method, grpc.StatusCode.UNAUTHENTICATED.name, "").inc()
+        self.metrics.requests.labels("grpc", method, grpc.StatusCode.UNAUTHENTICATED.name, "").inc()
 
     @property
     def default(self) -> ServedModel:
@@ -135,13 +206,13 @@ class EmbeddingServer:
         """Called by a model's batcher when its backend starts or stops failing every batch."""
         if healthy:
             log.info("backend of %s recovered: SERVING", model)
-            self._unhealthy.discard(model)
+            self.state.unhealthy.discard(model)
         else:
             log.error("backend of %s failing every batch: NOT_SERVING until a batch succeeds", model)
-            self._unhealthy.add(model)
+            self.state.unhealthy.add(model)
 
         async def update() -> None:
-            server_status = SERVING if not self._unhealthy else NOT_SERVING
+            server_status = SERVING if not self.state.unhealthy else NOT_SERVING
             for name in SERVER_HEALTH_NAMES:
                 await self.health.set(name, server_status)
             await self.health.set(f"model/{model}", SERVING if healthy else NOT_SERVING)
@@ -164,14 +235,18 @@ class EmbeddingServer:
             self.health_port = self.health_server.add_insecure_port(health_address)
             await self.health_server.start()
             log.info("plaintext health service on %s:%d", self.config.health_host, self.health_port)
+        if self.config.http_port >= 0:
+            await self._start_http()
         if self.config.metrics_port >= 0:
             self._metrics_http, self.metrics_port = self.metrics.serve(
                 self.config.metrics_host, self.config.metrics_port
             )
         log.info(
-            "gRPC on %s:%d, metrics on %s:%d, event loop %s; loading model",
+            "gRPC on %s:%d, HTTP on %s:%d, metrics on %s:%d, event loop %s; loading model",
             self.config.host,
             self.port,
+            self.config.http_host,
+            self.http_port,
             self.config.metrics_host,
             self.metrics_port,
             loops.running_loop_name(),
@@ -246,7 +321,7 @@ class EmbeddingServer:
                 "precision": info.precision,
             }
         )
-        pipeline = Pipeline(loaded.tokenizer, batcher, limits, metrics, self.config.tokenizer_threads)
+        pipeline = Pipeline(loaded.tokenizer, batcher, limits, metrics, self.config.tokenizer_threads, info.dim)
         return ServedModel(info, pipeline)
 
     async def stop(self, grace: float | None = None) -> None:
@@ -266,10 +341,14 @@ class EmbeddingServer:
             await asyncio.sleep(delay)
         deadline = time.monotonic() + grace
         stopping = asyncio.create_task(self.grpc_server.stop(grace))
+        if self.http_server is not None:  # stops accepting; requests in progress get the same grace
+            http_stopping = asyncio.create_task(self.http_server.shutdown())
         while self.state.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         cut_off = self.state.in_flight
         await stopping
+        if self.http_server is not None:
+            await http_stopping
         if self.health_server is not None:
             await self.health_server.stop(0)
         for model in self.state.models.values():

@@ -24,6 +24,10 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 class ServerConfig:
     host: str = "0.0.0.0"  # gRPC bind address
     port: int = 50051  # gRPC port; 0 picks a free one (tests)
+    http_host: str = "0.0.0.0"  # bind address of the HTTP API (/v1/embeddings)
+    http_port: int = 8080  # HTTP API port; 0 picks a free one; -1 turns it off
+    http_body_timeout_seconds: float = 10.0  # a request body that takes longer to arrive gets 400
+    auto_truncate: bool = True  # HTTP: inputs over the model's max length are cut unless a request says truncate=false
     metrics_host: str = "0.0.0.0"  # bind address of the Prometheus /metrics endpoint
     metrics_port: int = 9464  # 0 picks a free one; -1 turns the endpoint off
     model_dir: str = "artifacts"  # folder with model.onnx, tokenizer.json and manifest.json
@@ -90,6 +94,8 @@ class ServerConfig:
             problems.append("max_concurrent_rpcs must be at least 1")
         if self.max_request_bytes and self.max_request_bytes < self.max_message_bytes:
             problems.append("max_request_bytes must hold at least one largest message (max_message_bytes)")
+        if self.http_body_timeout_seconds <= 0:
+            problems.append("http_body_timeout_seconds must be positive")
         if self.max_batch_seconds < 0 or self.memory_limit_mib < 0:
             problems.append("max_batch_seconds and memory_limit_mib must not be negative")
         if self.auth_token and not self.auth_token.strip():
@@ -158,7 +164,7 @@ def env_name(field_name: str) -> str:
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
     environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC.")
+    parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC and HTTP.")
     given: dict[str, object] = {}  # what the operator set, by variable or flag; the rest keeps its default
     for f in fields(ServerConfig):
         if isinstance(f.default, tuple):  # repeatable: --model a=x --model b=y, or EMBED_MODEL=a=x,b=y

@@ -11,6 +11,14 @@ class InvalidInput(EmbedError):
     """The request can never succeed as sent (empty, too many inputs, too long...)."""
 
 
+class UnknownModel(InvalidInput):
+    """The request names a model this server does not serve."""
+
+
+class BodyTooLarge(InvalidInput):
+    """The request body is larger than the server reads (--max-message-bytes)."""
+
+
 class Overloaded(EmbedError):
     """Admission control refused the request; retrying later may succeed."""
 

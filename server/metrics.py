@@ -39,14 +39,14 @@ class Metrics:
         GCCollector(registry=registry)
         self.requests = Counter(
             "embed_requests",
-            "RPCs finished, by method, gRPC status code and model.",
-            ["method", "code", "model"],
+            "Requests finished, by protocol (grpc, http), method, status (gRPC code name or HTTP status) and model.",
+            ["protocol", "method", "code", "model"],
             registry=registry,
         )
         self.request_duration = Histogram(
             "embed_request_duration_seconds",
-            "End-to-end RPC latency by method and model (for EmbedStream: per streamed request).",
-            ["method", "model"],
+            "End-to-end latency by protocol, method and model (for EmbedStream: per streamed request).",
+            ["protocol", "method", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )

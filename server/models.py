@@ -13,7 +13,7 @@ from pathlib import Path
 
 from server.batcher import Batcher
 from server.config import ServerConfig
-from server.errors import InvalidInput, NotReady
+from server.errors import NotReady, UnknownModel
 from server.pipeline import Pipeline
 from server.runtime import OnnxRuntime, RuntimeOptions
 from server.tokenize import TextTokenizer
@@ -105,11 +105,16 @@ class ServingState:
         # owner, e.g. all-MiniLM-L6-v2), so a client written for that repository works unchanged.
         self.aliases: dict[str, str] = {}
         self.draining = False
+        self.unhealthy: set[str] = set()  # models whose backend fails every batch now
         self.in_flight = 0  # RPCs inside a handler now; drain waits for this to reach 0
 
     @property
     def ready(self) -> bool:
         return bool(self.models) and not self.draining
+
+    @property
+    def healthy(self) -> bool:
+        return not self.unhealthy
 
     def serve(self, models: list[ServedModel]) -> None:
         """Publish the loaded models at once, the default first."""
@@ -133,5 +138,5 @@ class ServingState:
             raise NotReady("the models are still loading; retry shortly")
         model = self.find(name)
         if model is None:
-            raise InvalidInput(f"unknown model {name!r}; this server serves {', '.join(map(repr, self.models))}")
+            raise UnknownModel(f"unknown model {name!r}; this server serves {', '.join(map(repr, self.models))}")
         return model

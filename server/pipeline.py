@@ -105,7 +105,9 @@ class Pipeline:
         limits: Limits,
         metrics: ModelMetrics,
         tokenizer_threads: int = 2,
+        dim: int = 0,
     ) -> None:
+        self.dim = dim  # the model's embedding width
         self.tokenizer = tokenizer
         self.batcher = batcher
         batcher.run_batch = with_unit_rows(batcher.run_batch)  # its batches now carry both halves
@@ -138,13 +140,28 @@ class Pipeline:
         return Tokenized(encoded.rows, encoded.truncated, seconds)
 
     async def compute(
-        self, tokenized: Tokenized, normalize: bool, deadline: float | None, client: str = ""
+        self,
+        tokenized: Tokenized,
+        normalize: bool,
+        deadline: float | None,
+        client: str = "",
+        dimensions: int | None = None,
     ) -> Embedded:
-        """Queue the rows (fairly among clients, see server/batcher.py) and wait for their embeddings."""
+        """Queue the rows (fairly among clients, see server/batcher.py) and wait for their embeddings.
+
+        ``dimensions`` keeps the first d components, re-normalised when normalising (the shortened
+        vector has unit length, unlike a cut of the normalised one).
+        """
         rows, truncated, tokenize_seconds = tokenized.rows, tokenized.truncated, tokenized.seconds
+        dim = self.dim
+        if dimensions is not None and not 1 <= dimensions <= dim:
+            raise InvalidInput(f"dimensions must be between 1 and {dim}, not {dimensions}")
         result = await self.batcher.submit(rows, deadline, client)
-        dim = result.embeddings.shape[1] // 2
-        embeddings = result.embeddings[:, dim:] if normalize else result.embeddings[:, :dim]
+        if dimensions is not None and dimensions < dim:
+            shortened = result.embeddings[:, :dimensions]
+            embeddings = l2_normalize(shortened) if normalize else shortened
+        else:
+            embeddings = result.embeddings[:, dim:] if normalize else result.embeddings[:, :dim]
         counts = [len(r) for r in rows]
         self.metrics.inputs.inc(len(rows))
         self.metrics.tokens.inc(sum(counts))

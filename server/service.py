@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.admission import Admission, Ticket
 from server.errors import (
+    BodyTooLarge,
     Cancelled,
     DeadlineExceeded,
     EmbedError,
@@ -27,6 +28,7 @@ from server.errors import (
     NotReady,
     Overloaded,
     Unauthenticated,
+    UnknownModel,
 )
 from server.metrics import Metrics
 from server.models import ModelInfo, ServedModel, ServingState
@@ -38,6 +40,8 @@ SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
 # The one translation table from domain errors to gRPC status codes (README, "Status codes").
 STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownModel: grpc.StatusCode.INVALID_ARGUMENT,
+    BodyTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,  # as gRPC answers a message over its size limit
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     NotReady: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -50,6 +54,8 @@ STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
 # Reasons for embed_rejections_total; InferenceFailed is counted as embed_batch_failures_total.
 REJECTION_REASON: dict[type[EmbedError], str] = {
     InvalidInput: "invalid",
+    UnknownModel: "invalid",
+    BodyTooLarge: "invalid",
     Overloaded: "overloaded",
     NotReady: "draining",
     DeadlineExceeded: "deadline",
@@ -241,8 +247,8 @@ class RpcAccounting:
         finally:
             self.state.in_flight -= 1
             self.metrics.in_flight.dec()
-            self.metrics.requests.labels(method, call.code.name, call.model).inc()
-            self.metrics.request_duration.labels(method, call.model).observe(time.perf_counter() - started)
+            self.metrics.requests.labels("grpc", method, call.code.name, call.model).inc()
+            self.metrics.request_duration.labels("grpc", method, call.model).observe(time.perf_counter() - started)
 
     def _admit(self, request: Any, call: Call, name_field: str = "model") -> ServedModel:
         """The model a request names, served and loaded (calls in progress and bytes are bounded before
@@ -356,7 +362,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
         if self._open_streams >= self._max_streams:
             self.metrics.rejected("overloaded")
-            self.metrics.requests.labels("EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name, "").inc()
+            self.metrics.requests.labels("grpc", "EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name, "").inc()
             await context.abort(
                 status_for(Overloaded("")), f"{self._open_streams} streams open, the limit; retry later"
             )

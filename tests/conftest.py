@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,10 @@ import pytest
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.app import EmbeddingServer, create_server
 from server.config import ServerConfig
+
+# Servers the tests start as processes (`python -m server`) take any free HTTP port, never 8080.
+os.environ.setdefault("EMBED_HTTP_PORT", "0")
+os.environ.setdefault("EMBED_HTTP_HOST", "127.0.0.1")
 
 TINY_MODEL = dict(vocab_size=1000, max_len=32, d_model=32, n_heads=2, n_layers=2, d_ff=64, dropout=0.1)
 
@@ -140,7 +145,15 @@ def requests_by_code(metrics) -> dict[tuple[str, str], float]:  # type: ignore[n
 
 
 def server_config(model_dir: Path, **overrides: object) -> ServerConfig:
-    base = ServerConfig(host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=0, model_dir=str(model_dir))
+    base = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        http_host="127.0.0.1",
+        http_port=0,
+        model_dir=str(model_dir),
+    )
     return replace(base, **overrides)
 
 

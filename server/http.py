@@ -1,0 +1,347 @@
+"""The HTTP front end: an OpenAI-compatible `/v1/embeddings` and a few native routes, as a raw ASGI
+app served by uvicorn (httptools' parser) on the gRPC server's own event loop.
+
+The only module that knows HTTP and JSON; it goes through the same admission, pipelines, batchers and
+metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors to HTTP statuses.
+
+Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /info``, ``GET /health`` (liveness: the
+process answers), ``GET /ready`` (readiness: 503 until every model is loaded and warm, and from the
+moment a drain starts), ``GET /openapi.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from server.admission import Admission, Ticket
+from server.errors import (
+    BodyTooLarge,
+    Cancelled,
+    DeadlineExceeded,
+    EmbedError,
+    InferenceFailed,
+    Internal,
+    InvalidInput,
+    NotReady,
+    Overloaded,
+    Unauthenticated,
+    UnknownModel,
+)
+from server.metrics import Metrics
+from server.models import ServedModel, ServingState
+from server.pipeline import Tokenized, check_count
+
+log = logging.getLogger(__name__)
+
+# The one translation table from domain errors to HTTP statuses and OpenAI error types.
+STATUS_FOR_ERROR: dict[type[EmbedError], tuple[int, str]] = {
+    InvalidInput: (400, "invalid_request_error"),
+    UnknownModel: (404, "invalid_request_error"),
+    BodyTooLarge: (413, "invalid_request_error"),
+    Unauthenticated: (401, "authentication_error"),
+    Overloaded: (429, "server_overloaded"),
+    NotReady: (503, "service_unavailable"),
+    DeadlineExceeded: (504, "timeout"),
+    Cancelled: (499, "cancelled"),
+    InferenceFailed: (500, "server_error"),
+    Internal: (500, "server_error"),
+}
+CODE_FOR_ERROR: dict[type[EmbedError], str] = {
+    UnknownModel: "model_not_found",
+    BodyTooLarge: "request_too_large",
+    Overloaded: "overloaded",
+    Unauthenticated: "invalid_api_key",
+}
+REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's reasons, as for gRPC
+    InvalidInput: "invalid",
+    UnknownModel: "invalid",
+    BodyTooLarge: "invalid",
+    Unauthenticated: "unauthenticated",
+    Overloaded: "overloaded",
+    DeadlineExceeded: "deadline",
+    Cancelled: "cancelled",
+}
+OPENAPI = Path(__file__).parent / "openapi.json"
+JSON = [(b"content-type", b"application/json")]
+ENCODING_FORMATS = ("float", "base64")
+
+
+class ParamError(InvalidInput):
+    """Invalid input naming the request field at fault (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def error_body(error: EmbedError) -> tuple[int, bytes]:
+    kind = type(error)
+    base = next(k for k in kind.__mro__ if k in STATUS_FOR_ERROR) if kind not in STATUS_FOR_ERROR else kind
+    status, error_type = STATUS_FOR_ERROR.get(base, (500, "server_error"))  # type: ignore[call-overload]
+    param = error.param if isinstance(error, ParamError) else None
+    body = {"error": {"message": str(error), "type": error_type, "param": param, "code": CODE_FOR_ERROR.get(kind)}}
+    return status, orjson.dumps(body)
+
+
+def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is not default and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ParamError(f"'{name}' must be {names}", name)
+    return value
+
+
+def parse_input(value: Any) -> list[str] | list[list[int]]:
+    """OpenAI's input: a string, strings, token ids, or lists of token ids -> texts or token rows."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise ParamError("'input' must be a string, a list of strings, or token ids; it is empty or missing", "input")
+    if all(isinstance(v, str) for v in value):
+        return value
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [value]
+    if all(isinstance(r, list) and r and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in value):
+        return value
+    raise ParamError(
+        "'input' must be a string, a list of strings, a list of token ids or a list of such lists", "input"
+    )
+
+
+def token_rows(rows: list[list[int]], model: ServedModel) -> list[np.ndarray]:
+    """Token id rows as the model's tokenizer makes them (special tokens included), checked against it."""
+    info = model.info
+    for i, row in enumerate(rows):
+        if len(row) > info.max_input_length:
+            raise ParamError(
+                f"input[{i}] has {len(row)} tokens, more than the limit of {info.max_input_length}", "input"
+            )
+        if min(row) < 0 or max(row) >= info.vocab_size:
+            raise ParamError(f"input[{i}] holds a token id outside the vocabulary [0, {info.vocab_size})", "input")
+    return [np.asarray(row, dtype=np.int64) for row in rows]
+
+
+class HttpApi:
+    """The ASGI app. ``client`` keys (admission, fair queueing) are connections, as for gRPC."""
+
+    def __init__(
+        self,
+        state: ServingState,
+        metrics: Metrics,
+        admission: Admission,
+        info: Callable[[], dict[str, Any]],
+        token: str = "",
+        max_body_bytes: int = 4 << 20,
+        body_timeout: float = 10.0,
+        auto_truncate: bool = True,
+    ) -> None:
+        self.state = state
+        self.metrics = metrics
+        self.admission = admission
+        self._info = info
+        self._expected = f"Bearer {token}".encode() if token else b""
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.auto_truncate = auto_truncate
+        self._routes: dict[tuple[str, str], Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]] = {
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/info"): self._info_route,
+        }
+        self._openapi = OPENAPI.read_bytes()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan is off; websockets are not served
+            return
+        method, path = scope["method"], scope["path"]
+        if path in ("/health", "/ready", "/openapi.json") and method == "GET":
+            status, body = self._open_route(path)
+            await _respond(send, status, body)
+            return
+        route = self._routes.get((method, path))
+        started = time.perf_counter()
+        model = ""
+        if route is None:
+            known = any(p == path for _, p in self._routes)
+            status, body = (
+                (405 if known else 404),
+                orjson.dumps(
+                    {
+                        "error": {
+                            "message": f"no route {method} {path}",
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": "method_not_allowed" if known else "not_found",
+                        }
+                    }
+                ),
+            )
+        else:
+            self.state.in_flight += 1
+            self.metrics.in_flight.inc()
+            try:
+                self._authorize(scope)
+                host, port = scope.get("client") or ("?", 0)
+                client = f"http:{host}:{port}"
+                status, body = await route(scope, receive, client)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                domain = e if isinstance(e, EmbedError) else _internal(e, path)
+                self._count_refusal(domain)
+                status, body = error_body(domain)
+            finally:
+                self.state.in_flight -= 1
+                self.metrics.in_flight.dec()
+            model = scope.get("embed.model", "")
+            self.metrics.requests.labels("http", f"{method} {path}", str(status), model).inc()
+            self.metrics.request_duration.labels("http", f"{method} {path}", model).observe(
+                time.perf_counter() - started
+            )
+        await _respond(send, status, body)
+
+    # ---- routes -----------------------------------------------------------------------------
+    def _open_route(self, path: str) -> tuple[int, bytes]:
+        if path == "/health":
+            return 200, b'{"status":"ok"}'
+        if path == "/openapi.json":
+            return 200, self._openapi
+        ready = self.state.ready and self.state.healthy
+        reason = "ready" if ready else ("draining" if self.state.draining else "not ready")
+        return (200 if ready else 503), orjson.dumps({"status": reason})
+
+    async def _models(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
+        self.state.resolve("")  # NotReady while loading
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "embedding-service"} for name in self.state.models
+        ]
+        return 200, orjson.dumps({"object": "list", "data": data})
+
+    async def _info_route(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
+        self.state.resolve("")
+        return 200, orjson.dumps(self._info())
+
+    async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
+        body, tickets = await self._read_json(scope, receive, client)
+        try:
+            model = self.state.resolve(_field(body, "model", str, "") or "")
+            scope["embed.model"] = model.name  # for the metrics' model label
+            inputs = parse_input(body.get("input"))
+            encoding = _field(body, "encoding_format", str, "float")
+            if encoding not in ENCODING_FORMATS:
+                raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
+            dimensions = _field(body, "dimensions", int, None)
+            if dimensions is not None and not 1 <= dimensions <= model.info.dim:
+                raise ParamError(f"'dimensions' must be between 1 and {model.info.dim}, not {dimensions}", "dimensions")
+            normalize = _field(body, "normalize", bool, True)
+            truncate = _field(body, "truncate", bool, self.auto_truncate)
+            _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it
+            pipeline = model.pipeline
+            if isinstance(inputs[0], str):
+                tokenized = await pipeline.tokenize(inputs, truncate, client)  # type: ignore[arg-type]
+            else:
+                check_count(len(inputs), pipeline.limits)
+                tokenized = Tokenized(token_rows(inputs, model), [], 0.0)  # type: ignore[arg-type]
+        finally:
+            del body
+            for ticket in tickets:
+                ticket.release()  # only the token rows wait for the batch
+        result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
+        rows = np.ascontiguousarray(result.embeddings, dtype="<f4")
+        if encoding == "base64":
+            embeddings: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
+        else:
+            embeddings = list(rows)
+        tokens = sum(result.token_counts)
+        response = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(embeddings)],
+            "model": model.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return 200, orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    # ---- reading a request ------------------------------------------------------------------
+    def _authorize(self, scope: dict[str, Any]) -> None:
+        if not self._expected:
+            return
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if not hmac.compare_digest(given, self._expected):  # constant time: no timing oracle
+            raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
+
+    async def _read_json(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[dict[str, Any], list[Ticket]]:
+        """The body, admitted before it is read: by its connection, then by its Content-Length."""
+        length_header = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length_header is None:
+            raise ParamError("a Content-Length header is required", "body")
+        try:
+            length = int(length_header)
+        except ValueError:
+            raise ParamError("Content-Length is not a number", "body") from None
+        if length > self.max_body_bytes:
+            raise BodyTooLarge(f"the body has {length} bytes, more than this server reads ({self.max_body_bytes})")
+        tickets = [self.admission.enter(client)]
+        try:
+            tickets.append(self.admission.receive(length))
+            chunks, got = [], 0
+            more = True
+            while more:
+                try:
+                    message = await asyncio.wait_for(receive(), self.body_timeout)
+                except TimeoutError:
+                    raise ParamError(f"the body did not arrive within {self.body_timeout:g} s", "body") from None
+                if message["type"] == "http.disconnect":
+                    raise Cancelled("the client went away")
+                chunk = message.get("body", b"")
+                got += len(chunk)
+                if got > length:
+                    raise ParamError("the body is longer than its Content-Length", "body")
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            try:
+                body = orjson.loads(b"".join(chunks))
+            except orjson.JSONDecodeError as e:
+                raise ParamError(f"the body is not valid JSON: {e}", "body") from None
+            if not isinstance(body, dict):
+                raise ParamError("the body must be a JSON object", "body")
+            return body, tickets
+        except BaseException:
+            for ticket in tickets:
+                ticket.release()
+            raise
+
+    def _count_refusal(self, error: EmbedError) -> None:
+        reason = REASON_FOR_ERROR.get(type(error)) or next(
+            (REASON_FOR_ERROR[k] for k in type(error).__mro__ if k in REASON_FOR_ERROR), None
+        )
+        if isinstance(error, NotReady):
+            reason = "draining" if self.state.draining else "not_ready"
+        if reason is not None:
+            self.metrics.rejected(reason)
+
+
+def _internal(error: Exception, path: str) -> Internal:
+    log.error("unexpected error in %s", path, exc_info=error)
+    return Internal(f"internal error ({type(error).__name__}); the server log has the details")
+
+
+async def _respond(send: Any, status: int, body: bytes) -> None:
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [*JSON, (b"content-length", b"%d" % len(body))]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def openapi_document() -> dict[str, Any]:
+    return dict(json.loads(OPENAPI.read_text()))

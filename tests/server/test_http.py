@@ -1,0 +1,249 @@
+"""The HTTP API, called by the official `openai` client, by curl and by raw sockets, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import numpy as np
+import openai
+import pytest
+
+from server.http import openapi_document
+from tests.conftest import ServerThread, request, server_config
+
+TOKEN = "s3cret-http"
+SCHEMAS = openapi_document()
+
+
+def schema(name: str) -> dict:  # type: ignore[type-arg]
+    return {"$ref": f"#/components/schemas/{name}", "components": SCHEMAS["components"]}
+
+
+def conforms(body: dict, name: str) -> None:  # type: ignore[type-arg]
+    jsonschema.validate(body, schema(name))
+
+
+@pytest.fixture(scope="module")
+def served_http(tiny_artifacts: Path) -> Iterator[ServerThread]:
+    server = ServerThread(server_config(tiny_artifacts, auth_token=TOKEN, max_client_batch_size=8))
+    yield server
+    server.stop()
+
+
+def base_url(server: ServerThread) -> str:
+    return f"http://127.0.0.1:{server.server.http_port}"
+
+
+def client(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url(server)}/v1", api_key=TOKEN, max_retries=0)
+
+
+def post(server: ServerThread, body: object, token: str = TOKEN, path: str = "/v1/embeddings") -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(base_url(server) + path, content=content, headers=headers, timeout=20)
+
+
+def grpc_embeddings(server: ServerThread, *texts: str) -> np.ndarray:
+    response = server.stub().Embed(request(*texts), metadata=[("authorization", f"Bearer {TOKEN}")], timeout=10)
+    return np.array([e.values for e in response.embeddings])
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+TEXTS = ["the cat sat on the mat", "a river runs through the valley"]
+
+
+def test_the_openai_client_gets_the_grpc_embeddings_by_base64_and_by_float(served_http: ServerThread) -> None:
+    expected = grpc_embeddings(served_http, *TEXTS)
+    openai_client = client(served_http)
+    default = openai_client.embeddings.create(input=TEXTS, model="")  # numpy installed: base64 on the wire
+    floats = openai_client.embeddings.create(input=TEXTS, model="", encoding_format="float")
+    for response in (default, floats):
+        got = np.array([d.embedding for d in response.data])
+        assert got.shape == expected.shape
+        assert cosines(got, expected).min() >= 0.99999
+        assert [d.index for d in response.data] == [0, 1]
+    tokenizer = served_http.server.default.tokenizer
+    tokens = sum(len(tokenizer.truncating.encode(t).ids) for t in TEXTS)
+    assert default.usage.prompt_tokens == default.usage.total_tokens == tokens  # real token counts
+    assert default.model == served_http.server.default.name
+
+
+def test_token_ids_give_the_same_embedding_as_their_text(served_http: ServerThread) -> None:
+    tokenizer = served_http.server.default.tokenizer
+    ids = [tokenizer.truncating.encode(t).ids for t in TEXTS]
+    by_text = post(served_http, {"input": TEXTS}).json()
+    by_ids = post(served_http, {"input": ids}).json()
+    one = post(served_http, {"input": ids[0]}).json()  # a single list of ids
+    conforms(by_ids, "EmbeddingResponse")
+    text_rows = np.array([d["embedding"] for d in by_text["data"]])
+    np.testing.assert_allclose(np.array([d["embedding"] for d in by_ids["data"]]), text_rows, atol=1e-6)
+    np.testing.assert_allclose(one["data"][0]["embedding"], text_rows[0], atol=1e-6)
+    assert by_ids["usage"]["total_tokens"] == sum(len(r) for r in ids)
+
+
+def test_dimensions_keep_the_first_components_renormalised(served_http: ServerThread) -> None:
+    raw = np.array(post(served_http, {"input": TEXTS, "normalize": False}).json()["data"][0]["embedding"])
+    short = post(served_http, {"input": TEXTS, "dimensions": 8}).json()
+    conforms(short, "EmbeddingResponse")
+    first = np.array(short["data"][0]["embedding"])
+    assert first.shape == (8,)
+    assert abs(np.linalg.norm(first) - 1.0) < 1e-5  # unit length, unlike a cut of the normalised vector
+    np.testing.assert_allclose(first, raw[:8] / np.linalg.norm(raw[:8]), atol=1e-5)
+    for bad in (0, 33, "8"):
+        response = post(served_http, {"input": TEXTS, "dimensions": bad})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, "body"),
+        (b"[1, 2]", 400, "body"),
+        ({"input": 5}, 400, "input"),
+        ({"input": []}, 400, "input"),
+        ({"input": ["ok", 3]}, 400, "input"),
+        ({"input": [[1, 2], []]}, 400, "input"),
+        ({"input": [[10**9]]}, 400, "input"),
+        ({"input": "ok", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"input": "ok", "model": 7}, 400, "model"),
+        ({"input": ["x"] * 9}, 400, None),
+        ({"input": ""}, 400, None),
+        ({"input": "ok", "model": "no-such-model"}, 404, None),
+    ],
+)
+def test_bad_requests_get_openai_errors_with_their_status(served_http: ServerThread, body, status, param) -> None:  # type: ignore[no-untyped-def]
+    response = post(served_http, body)
+    assert response.status_code == status, response.text
+    error = response.json()
+    conforms(error, "Error")
+    assert error["error"]["param"] == param
+    assert "Traceback" not in response.text
+
+
+def test_the_openai_client_raises_its_own_errors(served_http: ServerThread) -> None:
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client(served_http).embeddings.create(input="x", model="no-such-model")
+    assert not_found.value.body["code"] == "model_not_found"  # type: ignore[index]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base_url(served_http)}/v1", api_key="wrong", max_retries=0).embeddings.create(
+            input="x", model=""
+        )
+    response = post(served_http, {"input": "x"}, token="")
+    assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+
+
+def test_a_body_larger_than_the_limit_is_refused_before_it_is_read(served_http: ServerThread) -> None:
+    limit = served_http.server.config.max_message_bytes
+    with socket.create_connection(("127.0.0.1", served_http.server.http_port), timeout=10) as sock:
+        head = (
+            f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n\r\n"
+        )
+        sock.sendall(head.encode())  # and not one byte of the body
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 413"), answer
+    assert '"code":"request_too_large"' in answer
+
+
+def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
+    server = ServerThread(server_config(tiny_artifacts, http_body_timeout_seconds=0.5))
+    try:
+        with socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10) as sock:
+            head = 'POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"input":'
+            sock.sendall(head.encode())  # then nothing more
+            started = time.monotonic()
+            answer = sock.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 400") and "did not arrive within 0.5 s" in answer, answer
+        assert time.monotonic() - started < 5
+        assert server.server.admission.calls == 0 and server.server.admission.held_bytes == 0  # all released
+    finally:
+        server.stop()
+
+
+def test_overload_is_429_naming_the_budget(served_http: ServerThread) -> None:
+    admission = served_http.server.admission
+    real = admission.max_calls
+    admission.max_calls = 0  # every place taken
+    try:
+        response = post(served_http, {"input": "x"})
+    finally:
+        admission.max_calls = real
+    assert response.status_code == 429
+    assert "request bodies in progress full" in response.json()["error"]["message"]
+
+
+def test_models_info_health_and_openapi(served_http: ServerThread) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    models = httpx.get(base_url(served_http) + "/v1/models", headers=headers).json()
+    conforms(models, "ModelList")
+    assert [m["id"] for m in models["data"]] == list(served_http.server.state.models)
+    listed = client(served_http).models.list()
+    assert [m.id for m in listed.data] == list(served_http.server.state.models)
+    info = httpx.get(base_url(served_http) + "/info", headers=headers).json()
+    conforms(info, "Info")
+    assert info["max_request_calls"] == served_http.server.admission.max_calls
+    assert httpx.get(base_url(served_http) + "/health").json() == {"status": "ok"}
+    assert httpx.get(base_url(served_http) + "/ready").status_code == 200
+    assert httpx.get(base_url(served_http) + "/openapi.json").json() == SCHEMAS
+    assert httpx.get(base_url(served_http) + "/nowhere").status_code == 404
+    assert httpx.get(base_url(served_http) + "/v1/embeddings").status_code == 405
+
+
+def test_curl_posts_embeddings(served_http: ServerThread) -> None:
+    headers = ["-H", f"Authorization: Bearer {TOKEN}", "-H", "Content-Type: application/json"]
+    data = ["-d", '{"input": "the cat sat on the mat", "model": ""}']
+    done = subprocess.run(
+        ["curl", "-sS", *headers, *data, f"{base_url(served_http)}/v1/embeddings"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    body = json.loads(done.stdout)
+    conforms(body, "EmbeddingResponse")
+    np.testing.assert_allclose(body["data"][0]["embedding"], grpc_embeddings(served_http, TEXTS[0])[0], atol=1e-5)
+
+
+def test_readiness_is_503_until_loaded_and_from_the_drain(tiny_artifacts: Path) -> None:
+    server = ServerThread(server_config(tiny_artifacts, drain_delay_seconds=0.5), load=False)
+    url = f"http://127.0.0.1:{server.server.http_port}"
+    try:
+        assert httpx.get(url + "/health").status_code == 200
+        assert httpx.get(url + "/ready").json() == {"status": "not ready"}
+        response = httpx.post(url + "/v1/embeddings", json={"input": "x"})
+        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+        server.call(server.server.load())
+        assert httpx.get(url + "/ready").status_code == 200
+        stopping = asyncio.run_coroutine_threadsafe(server.server.stop(1.0), server.loop)
+        deadline = time.monotonic() + 5
+        while httpx.get(url + "/ready").status_code != 503:
+            assert time.monotonic() < deadline, "readiness never turned 503 on drain"
+            time.sleep(0.02)
+        assert httpx.get(url + "/ready").json() == {"status": "draining"}
+        assert httpx.post(url + "/v1/embeddings", json={"input": "x"}).status_code == 200  # still served
+        stopping.result(30)
+    finally:
+        server.loop.call_soon_threadsafe(server.loop.stop)
+
+
+def test_http_requests_are_counted_with_their_protocol(served_http: ServerThread) -> None:
+    name = served_http.server.default.name
+    labels = {"protocol": "http", "method": "POST /v1/embeddings", "code": "200", "model": name}
+    registry = served_http.server.metrics.registry
+    before = registry.get_sample_value("embed_requests_total", labels) or 0.0
+    post(served_http, {"input": "counted"})
+    post(served_http, {"input": "refused", "dimensions": 0})
+    assert registry.get_sample_value("embed_requests_total", labels) == before + 1
+    refused = {**labels, "code": "400"}
+    assert (registry.get_sample_value("embed_requests_total", refused) or 0.0) >= 1
