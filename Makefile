@@ -74,6 +74,8 @@ lint: setup
 LOADTEST_USERS ?= 32
 LOADTEST_SPAWN_RATE ?= 8
 LOADTEST_DURATION ?= 30s
+LOADTEST_PROTOCOL ?= grpc
+export LOADTEST_PROTOCOL
 loadtest: setup $(ARTIFACTS)/model.onnx
 	$(PY) -m loadtest.run --model-dir $(ARTIFACTS) --users $(LOADTEST_USERS) --spawn-rate $(LOADTEST_SPAWN_RATE) --duration $(LOADTEST_DURATION)
 

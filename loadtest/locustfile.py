@@ -4,6 +4,7 @@ make loadtest                                  # starts a local server on artifa
 EMBED_TARGET=host:50051 make loadtest          # against a running service
 locust -f loadtest/locustfile.py --host localhost:50051   # Locust's web UI
 make loadtest LOADTEST_MODEL_INFER=1           # also the Open Inference Protocol task (tag model-infer)
+make loadtest LOADTEST_PROTOCOL=http           # /v1/embeddings over HTTP (EMBED_HTTP_TARGET); or "both"
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import random
 from typing import Any
 
-from locust import between, events, tag, task
+from locust import HttpUser, between, events, tag, task
 
 from loadtest.grpc_user import GrpcUser
 from loadtest.texts import load_pool
@@ -81,3 +82,38 @@ class EmbeddingUser(GrpcUser):
     @task(2)
     def model_infer_4_texts(self) -> None:
         self.model_infer("ModelInfer 4 mixed", POOL.mixed(self.rng, 4))
+
+
+class HttpEmbeddingUser(HttpUser):
+    """The OpenAI-compatible API: the same traffic mix as EmbeddingUser, POST /v1/embeddings."""
+
+    wait_time = between(0.0, 0.05)
+
+    def __init__(self, environment: Any) -> None:
+        # --host is the gRPC target for both users; this one reads its own (Locust sets --host on every class).
+        self.host = os.environ.get("EMBED_HTTP_TARGET", "http://localhost:8080")
+        super().__init__(environment)
+        self.rng = random.Random()
+        token = os.environ.get("EMBED_AUTH_TOKEN", "")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def embed(self, name: str, texts: list[str]) -> None:
+        body = {"input": texts, "encoding_format": "base64"}  # what the openai package sends by default
+        with self.client.post("/v1/embeddings", json=body, headers=self.headers, name=name, catch_response=True) as r:
+            if r.status_code != 200:
+                error = r.json().get("error", {}) if r.headers.get("content-type") == "application/json" else {}
+                r.failure(f"HTTP {r.status_code}: {error.get('message', r.text[:200])}")
+            elif len(r.json()["data"]) != len(texts):
+                r.failure("wrong number of embeddings")
+
+    @task(6)
+    def single_short_text(self) -> None:
+        self.embed("POST /v1/embeddings 1 short", [self.rng.choice(POOL.short + POOL.medium)])
+
+    @task(3)
+    def client_batch_of_8(self) -> None:
+        self.embed("POST /v1/embeddings 8 mixed", POOL.mixed(self.rng, 8))
+
+    @task(1)
+    def long_texts(self) -> None:
+        self.embed("POST /v1/embeddings 2 long", [self.rng.choice(POOL.long) for _ in range(2)])

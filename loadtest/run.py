@@ -102,14 +102,25 @@ def totals(reports: Path) -> tuple[int, int]:
     return summary["total"]["requests"], summary["total"]["failures"]
 
 
+USERS = {"grpc": ["EmbeddingUser"], "http": ["HttpEmbeddingUser"], "both": ["EmbeddingUser", "HttpEmbeddingUser"]}
+
+
 def run_locust(
-    target: str, users: int, spawn_rate: float, duration: str, reports: Path, model_infer: bool = False
+    target: str,
+    users: int,
+    spawn_rate: float,
+    duration: str,
+    reports: Path,
+    model_infer: bool = False,
+    protocol: str = "grpc",
+    http_target: str = "",
 ) -> int:
     reports.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         "-m",
         "locust",
+        *USERS[protocol],  # before any option: --exclude-tags would take them as tags
         "-f",
         str(ROOT / "loadtest" / "locustfile.py"),
         "--headless",
@@ -132,6 +143,8 @@ def run_locust(
     if not model_infer:  # the Open Inference Protocol task is optional: --model-infer turns it on
         command += ["--exclude-tags", "model-infer"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LOADTEST_SUMMARY": str(reports / "loadtest_summary.json")}
+    if http_target:
+        env["EMBED_HTTP_TARGET"] = http_target
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
@@ -149,13 +162,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=os.environ.get("LOADTEST_MODEL_INFER", "") not in ("", "0", "false"),
         help="also run the Open Inference Protocol task (ModelInfer, 4 texts; env LOADTEST_MODEL_INFER=1)",
     )
+    parser.add_argument(
+        "--protocol",
+        choices=sorted(USERS),
+        default=os.environ.get("LOADTEST_PROTOCOL", "grpc"),
+        help="grpc (Embed, EmbedStream, ModelInfer), http (/v1/embeddings) or both (env LOADTEST_PROTOCOL)",
+    )
+    parser.add_argument(
+        "--http-target", default=os.environ.get("EMBED_HTTP_TARGET", ""), help="http://host:port of the HTTP API"
+    )
     args = parser.parse_args(argv)
-    locust = (args.users, args.spawn_rate, args.duration, args.reports, args.model_infer)
+    locust = (args.users, args.spawn_rate, args.duration, args.reports, args.model_infer, args.protocol)
     if args.target:
-        code = run_locust(args.target, *locust)
+        code = run_locust(args.target, *locust, args.http_target)
     else:
         with local_server(args.model_dir) as server:
-            code = run_locust(server.target, *locust)
+            code = run_locust(server.target, *locust, server.http)
     requests, failures = totals(args.reports)
     print(f"loadtest: {requests} requests, {failures} failed; reports in {args.reports}")
     if requests == 0:

@@ -361,10 +361,14 @@ class EmbeddingServer:
             s.value
             for family in self.metrics.requests.collect()
             for s in family.samples
-            if s.name.endswith("_total") and s.labels["code"] == "OK" and s.labels["method"] in ("Embed", "ModelInfer")
+            if s.name.endswith("_total")
+            and s.labels["code"] in ("OK", "200")
+            and s.labels["method"] in ("Embed", "ModelInfer", "POST /v1/embeddings")
         )
         log.info(
-            "stopped: %d Embed/ModelInfer requests answered OK, %d RPCs cut off by the grace period", answered, cut_off
+            "stopped: %d embedding requests (gRPC and HTTP) answered OK, %d calls cut off by the grace period",
+            answered,
+            cut_off,
         )
 
 

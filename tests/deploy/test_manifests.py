@@ -30,7 +30,7 @@ def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": 50051, "metrics": 9464, "health": 50052}  # the server's default ports + health
+    assert ports == {"grpc": 50051, "http": 8080, "metrics": 9464, "health": 50052}  # the server's defaults + health
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["EMBED_HEALTH_PORT"] == "50052"  # the plaintext health-only port the probes reach, TLS or not
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -65,7 +65,8 @@ def test_services_hpa_and_pod_monitor_point_at_the_deployment() -> None:
 
 def test_dockerfile_healthcheck_asks_the_plaintext_health_port_the_image_opens() -> None:
     text = (K8S.parent / "Dockerfile").read_text()
-    assert "EMBED_HEALTH_PORT=50052" in text and "EXPOSE 50051 9464 50052" in text
+    assert "EMBED_HEALTH_PORT=50052" in text and "EXPOSE 50051 8080 9464 50052" in text
+    assert "EMBED_HTTP_PORT=8080" in text
     healthcheck = text[text.index("HEALTHCHECK") :].split("\n\n")[0]
     assert '"--target", "127.0.0.1:50052"' in healthcheck and '"health"' in healthcheck
 

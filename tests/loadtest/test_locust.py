@@ -54,3 +54,14 @@ def test_failed_calls_show_as_failures_and_fail_the_run(tmp_path: Path) -> None:
     assert result["total"]["failures"] == result["total"]["requests"] > 0
     assert all(error.startswith("UNAVAILABLE: ") for error in result["errors"]), result["errors"]
     assert "ModelInfer 4 mixed" not in result["tasks"]  # optional: off unless --model-infer
+
+
+def test_the_http_user_runs_beside_the_grpc_user(tiny_artifacts: Path, tmp_path: Path) -> None:
+    done = run(
+        *("--model-dir", str(tiny_artifacts), "--users", "4", "--spawn-rate", "4", "--duration", "5s"),
+        *("--reports", str(tmp_path), "--protocol", "both"),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tasks = summary(tmp_path)["tasks"]
+    for task in ("POST /v1/embeddings 1 short", "POST /v1/embeddings 8 mixed", "Embed 1 short"):
+        assert tasks[task]["requests"] > 0 and tasks[task]["failures"] == 0, task

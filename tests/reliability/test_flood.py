@@ -10,6 +10,7 @@ cost per token does not depend on training (tests/reliability/cost_models.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -33,8 +34,14 @@ PEAK_BAR_MIB = 768  # 75% of it
 SECONDS = 20
 
 
-@pytest.fixture(scope="module", params=["shipped", "minilm"])
+# Real artifacts too, by folder: FLOOD_MODEL_DIRS=artifacts,artifacts/minilm (docs/reliability.md's figures).
+EXTRA = [d for d in os.environ.get("FLOOD_MODEL_DIRS", "").split(",") if d]
+
+
+@pytest.fixture(scope="module", params=["shipped", "minilm", *EXTRA])
 def cost_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param in EXTRA:
+        return Path(request.param).resolve()
     return cost_models.build(tmp_path_factory.mktemp(request.param), minilm=request.param == "minilm")
 
 
@@ -91,7 +98,7 @@ def test_a_flood_of_the_largest_requests_keeps_memory_bounded_and_small_requests
         ok_share = small_codes["OK"] / len(small_latencies)
         p99 = float(np.percentile(small_latencies, 99))
         print(
-            f"\nflood ({cost_model.name}, {channels} connection(s), {SECONDS} s): {flood_codes} of {sent} sent; "
+            f"\nflood ({cost_model}, {channels} connection(s), {SECONDS} s): {flood_codes} of {sent} sent; "
             f"server peak RSS {peak_rss >> 20} MiB (bar {PEAK_BAR_MIB}); small requests {dict(small_codes)}, "
             f"OK {ok_share:.1%}, p50 {1000 * np.median(small_latencies):.0f} ms, p99 {1000 * p99:.0f} ms"
         )

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+import httpx
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from loadtest.run import free_port, wait_serving
@@ -99,4 +100,62 @@ def test_sigterm_serves_every_request_sent_before_it_then_refuses_at_the_transpo
     refused_at = [sent - signalled for sent, outcome in outcomes if outcome != "OK"]
     assert min(refused_at) > 0.5 * DRAIN_DELAY, sorted(refused_at)[:5]
     ok = before["OK"] + after["OK"]
-    assert f"stopped: {ok} Embed/ModelInfer requests answered OK, 0 RPCs cut off" in log, log[-2000:]
+    assert f"stopped: {ok} embedding requests (gRPC and HTTP) answered OK, 0 calls cut off" in log, log[-2000:]
+
+
+def test_sigterm_under_http_load_serves_every_request_sent_before_it(tiny_artifacts: Path) -> None:
+    port, http_port = free_port(), free_port()
+    env = {**os.environ, "EMBED_PORT": str(port), "EMBED_METRICS_PORT": "0", "EMBED_HOST": "127.0.0.1"}
+    env.update(EMBED_HTTP_PORT=str(http_port), EMBED_HTTP_HOST="127.0.0.1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server", "--model-dir", str(tiny_artifacts), "--drain-delay-seconds", str(DRAIN_DELAY)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    body = {"input": [f"sentence number {i} about the quiet river and the lungs" for i in range(4)]}
+    outcomes: list[tuple[float, str]] = []
+
+    async def closed_loop_clients() -> float:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
+
+            async def client() -> None:
+                while True:
+                    sent = time.monotonic()
+                    try:
+                        response = await http.post("/v1/embeddings", json=body)
+                        ok = response.status_code == 200 and len(response.json()["data"]) == 4
+                        outcome = "OK" if ok else str(response.status_code)
+                    except httpx.TransportError as e:  # the listener closed at the end of the drain delay
+                        outcome = type(e).__name__
+                    outcomes.append((sent, outcome))
+                    if outcome != "OK":
+                        return
+
+            tasks = [asyncio.create_task(client()) for _ in range(CLIENTS)]
+            await asyncio.sleep(2.0)
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            _, pending = await asyncio.wait(tasks, timeout=40)
+            assert not pending, f"{len(pending)} HTTP clients still waiting 40 s after SIGTERM"
+            return signalled
+
+    try:
+        wait_serving(f"127.0.0.1:{port}")
+        signalled = asyncio.run(closed_loop_clients())
+        code = process.wait(30)
+        log = process.stdout.read() if process.stdout else ""
+    finally:
+        if process.poll() is None:
+            process.kill()
+    before = Counter(outcome for sent, outcome in outcomes if sent < signalled)
+    after = Counter(outcome for sent, outcome in outcomes if sent >= signalled)
+    print(f"\nHTTP shutdown: sent before SIGTERM {dict(before)}, after {dict(after)}; exit {code}")
+    assert code == 0, log
+    assert sum(before.values()) > CLIENTS and set(before) == {"OK"}, before  # nothing sent before it failed
+    assert after["OK"] > 0  # the drain delay serves
+    refused_at = [sent - signalled for sent, outcome in outcomes if outcome != "OK"]
+    assert not refused_at or min(refused_at) > 0.5 * DRAIN_DELAY, sorted(refused_at)[:5]
+    assert ", 0 calls cut off by the grace period" in log, log[-2000:]
