@@ -1,6 +1,10 @@
-"""A light asyncio gRPC load generator, run as its own process by the benchmark.
+"""A light asyncio load generator for gRPC or HTTP, run as its own process by the benchmark.
 
-    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json
+    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json [--protocol http]
+
+HTTP: each worker holds one keep-alive HTTP/1.1 connection and posts OpenAI's request to
+/v1/embeddings with encoding_format base64 (what the openai package sends), over plain asyncio streams
+so that the client costs about what grpc.aio's C core costs the gRPC side.
 
 Closed loop: each of `concurrency` workers sends one Embed request (one text, or --texts-per-request),
 waits for the answer, sends the next. Prints one JSON object: texts/s, latency percentiles (ms), errors.
@@ -41,6 +45,30 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return {"main_thread": main, "other_threads": other}
 
 
+class HttpConnection:
+    """One keep-alive HTTP/1.1 connection posting JSON to /v1/embeddings; just enough HTTP for the server's answers."""
+
+    def __init__(self, target: str) -> None:
+        self.host, port = target.rsplit(":", 1)
+        self.port = int(port)
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, body: bytes) -> int:
+        if self.streams is None:
+            self.streams = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.streams
+        head = f"POST /v1/embeddings HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+        writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        status_line = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        return int(status_line.split()[1])
+
+
 async def run(
     target: str,
     concurrency: int,
@@ -49,6 +77,7 @@ async def run(
     texts: list[str],
     per_request: int = 1,
     watch_pid: int | None = None,
+    protocol: str = "grpc",
 ) -> dict[str, float]:
     channel = grpc.aio.insecure_channel(target)
     stub = embedding_pb2_grpc.EmbedderStub(channel)
@@ -60,15 +89,23 @@ async def run(
     async def worker(seed: int) -> None:
         nonlocal errors
         rng = random.Random(seed)
+        http = HttpConnection(target) if protocol == "http" else None
         while not stop:
-            request = embedding_pb2.EmbedRequest(inputs=rng.sample(texts, per_request), truncate=True)
+            sample = rng.sample(texts, per_request)
             start = time.perf_counter()
             try:
-                await stub.Embed(request, timeout=30)
+                if http is not None:
+                    body = json.dumps({"input": sample, "encoding_format": "base64"}).encode()
+                    if await http.post(body) != 200:
+                        raise OSError("not 200")
+                else:
+                    await stub.Embed(embedding_pb2.EmbedRequest(inputs=sample, truncate=True), timeout=30)
                 if measuring:
                     latencies.append(time.perf_counter() - start)
-            except grpc.aio.AioRpcError:
+            except (grpc.aio.AioRpcError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
                 errors += 1
+                if http is not None:
+                    http.streams = None
 
     workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
     await asyncio.sleep(warmup)
@@ -110,11 +147,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--texts", required=True, help="JSON list of texts")
     parser.add_argument("--texts-per-request", type=int, default=1)
     parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     args = parser.parse_args(argv)
     with open(args.texts) as f:
         texts = json.load(f)
     result = asyncio.run(
-        run(args.target, args.concurrency, args.duration, args.warmup, texts, args.texts_per_request, args.watch_pid)
+        run(
+            args.target,
+            args.concurrency,
+            args.duration,
+            args.warmup,
+            texts,
+            args.texts_per_request,
+            args.watch_pid,
+            args.protocol,
+        )
     )
     json.dump(result, sys.stdout)
 

@@ -224,3 +224,33 @@ def test_gpu_check_without_a_gpu_says_so_and_fails(tmp_path: Path) -> None:
     assert "make setup" not in done.stdout  # stopped before installing anything
     dry_run = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "scripts/gpu-check.sh" in dry_run.stdout
+
+
+def test_load_generator_speaks_http_to_the_same_server(served: ServerThread, tmp_path: Path) -> None:
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    target = f"127.0.0.1:{served.server.http_port}"
+    before = served.server.metrics.registry.get_sample_value(
+        "embed_inputs_total", {"model": served.server.default.name}
+    )
+    result = run_loadgen(target, texts, "--protocol", "http", "--concurrency", "4", "--duration", "1")
+    assert result["errors"] == 0 and result["requests"] > 10
+    after = served.server.metrics.registry.get_sample_value("embed_inputs_total", {"model": served.server.default.name})
+    assert (after or 0) - (before or 0) >= result["requests"]  # every answer counted was really embedded
+
+
+def test_the_protocol_report_marks_each_target_met_or_missed() -> None:
+    from bench.protocols import report
+
+    def runs(texts_per_second: float, p50: float) -> list[dict[str, float]]:
+        return [{"texts_per_second": texts_per_second, "requests_per_second": texts_per_second, "p50_ms": p50}]
+
+    loads = {
+        "1x32": {"grpc": runs(1000, 30), "http": runs(1500, 20), "http ceiling": runs(20000, 1)},
+        "8x16": {"grpc": runs(1600, 70), "http": runs(2000, 60), "http ceiling": runs(20000, 1)},
+        "1x1": {"grpc": runs(500, 1.7), "http": runs(800, 0.6), "http ceiling": runs(8000, 0.1)},
+    }
+    text = report({"loads": loads, "model_seconds": 0.0002}, "test")
+    assert "| 1 text x 32 clients: HTTP >= 2x gRPC | 1.50x | 2.0x | **no** |" in text
+    assert "| 8 texts x 16 clients: HTTP >= gRPC | 1.25x | 1.0x | yes |" in text
+    assert "| one client: HTTP p50 <= model's own time + 0.5 ms | 0.60 ms | 0.70 ms | yes |" in text

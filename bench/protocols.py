@@ -1,0 +1,207 @@
+"""HTTP against gRPC on one server, side by side in one run (`make bench` runs it after the gRPC benchmark).
+
+    python -m bench.protocols --model-dir artifacts [--seconds 5] [--rounds 2]
+
+One `python -m server` serves both protocols; the same load generator (bench/loadgen.py, one process per
+load) drives each in turn, rounds interleaved so that drift hits both alike. Besides the server, the HTTP
+transport ceiling: a minimal app on the same stack (uvicorn, httptools, raw ASGI) answering a fixed
+vector of the model's width. Writes docs/benchmarks-protocols.md and reports/protocols.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.measure import traffic
+from loadtest.run import free_port, local_server
+
+ROOT = Path(__file__).resolve().parents[1]
+LOADS = [(1, 32), (8, 16), (1, 1)]  # (texts per request, concurrent clients)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def fixed_app(dim: int) -> Any:
+    """The HTTP transport ceiling's app: every POST answered with one fixed embedding, nothing computed."""
+    vector = base64.b64encode(np.zeros(dim, dtype="<f4").tobytes()).decode()
+    body = json.dumps(
+        {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+            "model": "fixed",
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+@contextmanager
+def http_transport_ceiling(dim: int) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "bench.protocols", "--serve-fixed", str(port), "--dim", str(dim)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def load(target: str, protocol: str, per_request: int, clients: int, seconds: float, texts: Path) -> dict[str, Any]:
+    options = ["--concurrency", str(clients), "--duration", str(seconds), "--texts", str(texts)]
+    options += ["--texts-per-request", str(per_request)]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.loadgen", "--target", target, "--protocol", protocol, *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(done.stdout))
+
+
+def model_seconds(model_dir: Path) -> float:
+    """The model's own time for one short text (median of 200 runs, ONNX Runtime alone)."""
+    from server.runtime import OnnxRuntime, RuntimeOptions
+    from server.tokenize import TextTokenizer
+
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    runtime = OnnxRuntime(model_dir, RuntimeOptions(), int(manifest["pad_id"]))
+    rows = TextTokenizer(model_dir / "tokenizer.json").encode([traffic(1)[0]], truncate=True).rows
+    times = []
+    for _ in range(220):
+        started = time.perf_counter()
+        runtime.run_rows(rows)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[20:])
+
+
+def measure(model_dir: Path, seconds: float, rounds: int, reports: Path) -> dict[str, Any]:
+    reports.mkdir(parents=True, exist_ok=True)
+    texts = reports / "protocols_texts.json"
+    texts.write_text(json.dumps(traffic()))
+    dim = int(json.loads((model_dir / "manifest.json").read_text())["dim"])
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with local_server(str(model_dir)) as server, http_transport_ceiling(dim) as ceiling:
+        http_target = server.http.removeprefix("http://")
+        targets = {"grpc": server.target, "http": http_target, "http ceiling": ceiling}
+        for _ in range(rounds):
+            for per_request, clients in LOADS:
+                key = f"{per_request}x{clients}"
+                for name, target in targets.items():
+                    protocol = "grpc" if name == "grpc" else "http"
+                    result = load(target, protocol, per_request, clients, seconds, texts)
+                    results.setdefault(key, {}).setdefault(name, []).append(result)
+                    print(f"  {key} {name}: {result['texts_per_second']:.0f} texts/s, p50 {result['p50_ms']:.2f} ms")
+    return {"loads": results, "model_seconds": model_seconds(model_dir)}
+
+
+def median(runs: list[dict[str, Any]], field: str) -> float:
+    return float(statistics.median(r[field] for r in runs))
+
+
+def report(run: dict[str, Any], command: str) -> str:
+    loads = run["loads"]
+    rate = {key: {name: median(runs, "texts_per_second") for name, runs in by.items()} for key, by in loads.items()}
+    # The ceiling answers one fixed vector whatever it is sent: compare requests, not texts.
+    calls = {key: {name: median(runs, "requests_per_second") for name, runs in by.items()} for key, by in loads.items()}
+    p50 = {key: {name: median(runs, "p50_ms") for name, runs in by.items()} for key, by in loads.items()}
+    model_ms = 1000 * run["model_seconds"]
+    one = "1x1"
+    targets = [
+        ("1 text x 32 clients: HTTP >= 2x gRPC", rate["1x32"]["http"] / rate["1x32"]["grpc"], 2.0),
+        ("8 texts x 16 clients: HTTP >= gRPC", rate["8x16"]["http"] / rate["8x16"]["grpc"], 1.0),
+    ]
+    lines = [
+        "# HTTP and gRPC, side by side",
+        "",
+        f"{datetime.date.today().isoformat()}, {cpu_name()} ({platform.machine()}), `{command}`. One server serves",
+        "both protocols; the same load generator (`bench/loadgen.py`) drives each, rounds interleaved; medians",
+        "of the rounds. The HTTP transport ceiling is a minimal app on the same stack answering a fixed vector.",
+        "",
+        "| load | gRPC texts/s | HTTP texts/s | HTTP / gRPC | HTTP ceiling requests/s | HTTP server / ceiling "
+        "(requests) | p50 gRPC / HTTP ms |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for key in loads:
+        r, c, p = rate[key], calls[key], p50[key]
+        lines.append(
+            f"| {key.replace('x', ' text(s) x ')} clients | {r['grpc']:.0f} | {r['http']:.0f} | "
+            f"{r['http'] / r['grpc']:.2f} | {c['http ceiling']:.0f} | {c['http'] / c['http ceiling']:.2f} | "
+            f"{p['grpc']:.2f} / {p['http']:.2f} |"
+        )
+    lines += ["", "| target | measured | bar | met |", "|---|---:|---:|---|"]
+    for name, value, bar in targets:
+        lines.append(f"| {name} | {value:.2f}x | {bar:.1f}x | {'yes' if value >= bar else '**no**'} |")
+    one_bar = model_ms + 0.5
+    met = "yes" if p50[one]["http"] <= one_bar else "**no**"
+    lines.append(
+        f"| one client: HTTP p50 <= model's own time + 0.5 ms | {p50[one]['http']:.2f} ms | {one_bar:.2f} ms | {met} |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--reports", type=Path, default=ROOT / "reports")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-protocols.md")
+    parser.add_argument("--serve-fixed", type=int, help=argparse.SUPPRESS)  # the ceiling's own process
+    parser.add_argument("--dim", type=int, default=128, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_fixed:
+        import uvicorn
+
+        uvicorn.run(fixed_app(args.dim), host="127.0.0.1", port=args.serve_fixed, http="httptools",
+                    lifespan="off", access_log=False, log_level="warning")  # fmt: skip
+        return
+    run = measure(args.model_dir, args.seconds, args.rounds, args.reports)
+    (args.reports / "protocols.json").write_text(json.dumps(run, indent=2))
+    text = report(run, "make bench (python -m bench.protocols)")
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
