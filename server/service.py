@@ -343,12 +343,13 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         started = time.perf_counter()
         deadline = deadline_of(context)
         normalize = request.normalize if request.HasField("normalize") else True
+        dimensions = request.dimensions if request.HasField("dimensions") else None
         client = context.peer()
         # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
         tokenized = await model.pipeline.tokenize(request.inputs, request.truncate, client)
         del request  # only the token rows wait for the batch: the body's memory and places go now
         received.release()
-        result = await model.pipeline.compute(tokenized, normalize, deadline, client)
+        result = await model.pipeline.compute(tokenized, normalize, deadline, client, dimensions)
         return to_response(result, time.perf_counter() - started, model.name)
 
     async def Embed(

@@ -122,9 +122,11 @@ def eventually(predicate, timeout: float = 10, what: str = "") -> None:  # type:
 def counter(metric, *labels: str) -> float:  # type: ignore[no-untyped-def]
     """A prometheus_client counter summed over its series whose first label values are ``labels``.
 
-    The ``model`` label comes last, so leaving it out sums over every model.
+    The ``protocol`` label, when there is one, is skipped (every protocol counts); the ``model`` label
+    comes last, so leaving it out sums over every model.
     """
-    wanted = dict(zip(metric._labelnames, labels, strict=False))
+    names = [name for name in metric._labelnames if name != "protocol"]
+    wanted = dict(zip(names, labels, strict=False))
     return sum(
         s.value
         for family in metric.collect()

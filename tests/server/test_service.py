@@ -387,3 +387,19 @@ def test_server_serves_the_int8_model_when_asked(tiny_artifacts, reference) -> N
     np.testing.assert_allclose(got, expected, atol=1e-5)  # the int8 model's own output, as it gives it alone
     fp32 = unit(np.stack([reference(text) for text in SENTENCES]))
     assert np.abs(got - fp32).max() > 1e-4  # not the fp32 model (the export checks int8's closeness to fp32)
+
+
+def test_dimensions_keep_the_first_components_renormalised_and_refuse_out_of_range(served: ServerThread) -> None:
+    stub = served.stub()
+    raw = np.array(stub.Embed(request("the cat sat on the mat", normalize=False)).embeddings[0].values)
+    shortened = request("the cat sat on the mat")
+    shortened.dimensions = 8
+    got = np.array(stub.Embed(shortened).embeddings[0].values)
+    assert got.shape == (8,) and abs(np.linalg.norm(got) - 1.0) < 1e-5
+    np.testing.assert_allclose(got, raw[:8] / np.linalg.norm(raw[:8]), atol=1e-5)
+    for bad in (0, 33):
+        shortened.dimensions = bad
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Embed(shortened)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "dimensions must be between 1 and 32" in error.value.details()
