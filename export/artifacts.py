@@ -69,6 +69,8 @@ def export_all(
         "inputs": list(INPUT_NAMES),
         "output": OUTPUT_NAME,
         "normalized": False,
+        # Embedding lengths trained to stand alone (Matryoshka prefixes and the full width).
+        "matryoshka_dims": summary.get("matryoshka_dims", [model.config.d_model]),
         "files": {name: {"sha256": sha256(model_dir / name)} for name in files},
         "training": summary,
         "parity": report.to_dict(),

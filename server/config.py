@@ -31,8 +31,8 @@ class ServerConfig:
     metrics_host: str = "0.0.0.0"  # bind address of the Prometheus /metrics endpoint
     metrics_port: int = 9464  # 0 picks a free one; -1 turns the endpoint off
     model_dir: str = "artifacts"  # folder with model.onnx, tokenizer.json and manifest.json
-    # NAME=DIR pairs, one per served model, the first the default; when given, model_dir is not used.
-    # Empty: one model from model_dir, named by its manifest's model_id.
+    # NAME=DIR pairs (or a bare DIR: named by its manifest's model_id), one per served model, the first the
+    # default; when given, model_dir is not used. Empty: one model from model_dir, named by its model_id.
     model: tuple[str, ...] = ()
     provider: str = "auto"  # auto (CUDA when it really loads, else CPU) | cpu | cuda
     precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
@@ -118,7 +118,8 @@ class ServerConfig:
         """(name, folder) per served model, the default first; name None: the manifest's model_id."""
         if not self.model:
             return [(None, self.model_dir)]
-        return [(name, folder) for name, _, folder in (pair.partition("=") for pair in self.model)]
+        pairs = (pair.partition("=") for pair in self.model)
+        return [(name, folder) if sep else (None, name) for name, sep, folder in pairs]
 
     def bearer_token(self) -> str:
         """The token callers must present, or "" when auth is off. Raises ValueError for an empty file."""
@@ -139,8 +140,12 @@ def _model_problems(pairs: tuple[str, ...]) -> list[str]:
     problems, names = [], set()
     for pair in pairs:
         name, sep, folder = pair.partition("=")
-        if not sep or not folder:
-            problems.append(f"--model takes NAME=DIR, not {pair!r}")
+        if not sep:
+            if not name:
+                problems.append("--model takes NAME=DIR or DIR, not an empty string")
+            continue  # a bare folder: named by its manifest, checked for clashes once loaded
+        if not folder:
+            problems.append(f"--model takes NAME=DIR or DIR, not {pair!r}")
         elif not MODEL_NAME.fullmatch(name):
             problems.append(f"model name {name!r}: letters, digits, '_', '.', '-', at most 64, starting alnum")
         elif name in names:

@@ -33,6 +33,7 @@ class ModelInfo:
     precision: str
     version: str
     max_batch_tokens: int  # this model's: --max-batch-tokens, lowered to run within --max-batch-seconds
+    trained_dimensions: tuple[int, ...]  # lengths trained to stand alone (the manifest's matryoshka_dims)
 
 
 @dataclass
@@ -87,6 +88,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         precision=runtime.precision,
         version=VERSION,
         max_batch_tokens=max_batch_tokens,
+        trained_dimensions=tuple(int(d) for d in manifest.get("matryoshka_dims", [runtime.dim])),
     )
     return LoadedModel(runtime, tokenizer, info)
 

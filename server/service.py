@@ -420,7 +420,9 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         response.MergeFrom(self._batching)
         describe(info, response)
         for i, model in enumerate(self.state.models.values()):
-            describe(model.info, response.models.add(name=model.name, is_default=i == 0))
+            description = response.models.add(name=model.name, is_default=i == 0)
+            describe(model.info, description)
+            description.trained_dimensions.extend(model.info.trained_dimensions)
         return response
 
     def set_limits(self, limits: embedding_pb2.InfoResponse) -> None:

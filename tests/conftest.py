@@ -30,7 +30,7 @@ def tiny_train_config(**overrides: object):  # type: ignore[no-untyped-def]
     from model.train import TrainConfig
     from model.transformer import EncoderConfig
 
-    base = dict(steps=3, batch_size=16, vocab_size=300, max_synsets=600, held_out_fraction=0.1)
+    base = dict(steps=3, batch_size=16, vocab_size=300, max_synsets=600, held_out_fraction=0.1, matryoshka_dims=(16,))
     return replace(TrainConfig(progress=False), model=EncoderConfig(**TINY_MODEL), **{**base, **overrides})
 
 

@@ -82,7 +82,7 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(
     assert (
         second.evaluation == first.evaluation and second.summary["outside_wordnet"] == first.summary["outside_wordnet"]
     )
-    assert set(first.evaluation) == {"untrained", "tfidf", "trained", "teacher"}
+    assert set(first.evaluation) == {"untrained", "tfidf", "trained", "teacher", "trained @16", "teacher @16"}
     outside = first.summary["outside_wordnet"]
     assert outside["reference"] == "test/tiny-bert" and outside["pairs"] == 500 and -1 <= outside["spearman"] <= 1
     plain = train(tiny_config(tmp_path))

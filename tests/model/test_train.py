@@ -81,9 +81,26 @@ def test_training_is_reproducible_with_a_seed() -> None:
 
 def test_tiny_training_reports_all_three_evaluations(tiny_training) -> None:
     result, out = tiny_training
-    assert set(result.evaluation) == {"untrained", "tfidf", "trained"}
+    assert set(result.evaluation) == {"untrained", "tfidf", "trained", "trained @16"}  # 16: a trained prefix
     for scores in result.evaluation.values():
         assert 0.0 <= scores["recall_at_1"] <= scores["recall_at_10"] <= 1.0
     assert all(np.isfinite(result.losses)) and len(result.losses) == 12
     assert (out / "checkpoint.pt").is_file() and (out / "tokenizer.json").is_file()
     assert result.summary["held_out_queries"] > 0
+
+
+def test_the_matryoshka_loss_changes_training_when_on_and_not_when_off() -> None:
+    from model.train import matryoshka_loss
+
+    a, b = torch.randn(8, 32), torch.randn(8, 32)
+    assert float(matryoshka_loss(a, b, (), 0.05)) == 0.0
+    prefix = float(matryoshka_loss(a, b, (16,), 0.05))
+    assert prefix == pytest.approx(float(info_nce(a[:, :16], b[:, :16], 0.05)))
+    off = train(tiny_train_config(matryoshka_dims=()))
+    on = train(tiny_train_config(matryoshka_dims=(16,)))
+    assert off.losses != on.losses  # the prefix loss is in the gradient
+    assert off.summary["matryoshka_dims"] == [32] and on.summary["matryoshka_dims"] == [16, 32]
+    again = train(tiny_train_config(matryoshka_dims=()))
+    assert again.losses == off.losses  # and off, training is what it was (seeded)
+    with pytest.raises(ValueError, match="matryoshka_dims"):
+        tiny_train_config(matryoshka_dims=(32,))

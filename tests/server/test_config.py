@@ -39,8 +39,10 @@ def test_models_are_named_pairs_from_flags_or_one_variable(capsys: pytest.Captur
     pairs = parse_config(["--model", "small=a", "--model", "big=b/c"], environ={"EMBED_MODEL": "other=z"})
     assert pairs.model_dirs() == [("small", "a"), ("big", "b/c")]  # flags beat the variable, order kept
     assert parse_config([], environ={"EMBED_MODEL": "small=a, big=b"}).model_dirs() == [("small", "a"), ("big", "b")]
+    bare = parse_config(["--model", "artifacts", "--model", "mini=artifacts/minilm"], environ={})
+    assert bare.model_dirs() == [(None, "artifacts"), ("mini", "artifacts/minilm")]  # a bare DIR: its manifest's id
     for bad, message in (
-        (["--model", "small"], "--model takes NAME=DIR"),
+        (["--model", "small="], "--model takes NAME=DIR or DIR"),
         (["--model", "a/b=x"], "model name 'a/b'"),
         (["--model", "m=x", "--model", "m=y"], "model name 'm' given twice"),
     ):

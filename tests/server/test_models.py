@@ -79,6 +79,8 @@ def test_info_lists_every_model_default_first(two_models: ServerThread) -> None:
         ("small", "wordnet-encoder", True),
         ("bert", "test/tiny-bert", False),
     ]
+    # Trained lengths from each manifest: the tiny student's prefix and full width; the BERT export, full only.
+    assert [list(m.trained_dimensions) for m in info.models] == [[16, 32], [info.models[1].dim]]
     bert = two_models.stub().Info(embedding_pb2.InfoRequest(model="bert"))
     assert (bert.model, bert.model_id, bert.max_input_length) == (
         "bert",
