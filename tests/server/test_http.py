@@ -57,6 +57,24 @@ def grpc_embeddings(server: ServerThread, *texts: str) -> np.ndarray:
     return np.array([e.values for e in response.embeddings])
 
 
+def read_response(sock: socket.socket) -> str:
+    """One whole HTTP response: the head, then as many body bytes as its Content-Length says."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-head: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
@@ -152,7 +170,7 @@ def test_a_body_larger_than_the_limit_is_refused_before_it_is_read(served_http: 
             f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n\r\n"
         )
         sock.sendall(head.encode())  # and not one byte of the body
-        answer = sock.recv(65536).decode()
+        answer = read_response(sock)
     assert answer.startswith("HTTP/1.1 413"), answer
     assert '"code":"request_too_large"' in answer
 
@@ -164,7 +182,7 @@ def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
             head = 'POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"input":'
             sock.sendall(head.encode())  # then nothing more
             started = time.monotonic()
-            answer = sock.recv(65536).decode()
+            answer = read_response(sock)
         assert answer.startswith("HTTP/1.1 400") and "did not arrive within 0.5 s" in answer, answer
         assert time.monotonic() - started < 5
         assert server.server.admission.calls == 0 and server.server.admission.held_bytes == 0  # all released
