@@ -132,6 +132,8 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
     try:
         wait_serving(target)
         eventually(lambda: len(worker_pids(log_path)) == 2, what="both worker pids logged")
+        for port_ in (metrics_port, metrics_port + 1):  # one worker serving does not mean both are
+            eventually(lambda port_=port_: model_loaded(port_), timeout=60, what=f"a worker's model on :{port_}")
         first_pids = worker_pids(log_path)
 
         def served_by(channel: grpc.Channel) -> int:
