@@ -23,6 +23,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from server.memory import rss_bytes  # noqa: F401  (soak and the tests read it from here)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,14 +53,6 @@ class LocalServer:
     target: str  # gRPC host:port
     process: subprocess.Popen[bytes]
     http: str  # the HTTP API's base URL
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 @contextmanager

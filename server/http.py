@@ -85,12 +85,15 @@ class ParamError(InvalidInput):
         self.param = param
 
 
+def _entry(table: dict[type[EmbedError], Any], error: EmbedError, default: Any = None) -> Any:
+    """The table's entry for the error's own class or its nearest listed base (ParamError -> InvalidInput)."""
+    return next((table[k] for k in type(error).__mro__ if k in table), default)
+
+
 def error_body(error: EmbedError) -> tuple[int, bytes]:
-    kind = type(error)
-    base = next(k for k in kind.__mro__ if k in STATUS_FOR_ERROR) if kind not in STATUS_FOR_ERROR else kind
-    status, error_type = STATUS_FOR_ERROR.get(base, (500, "server_error"))  # type: ignore[call-overload]
+    status, error_type = _entry(STATUS_FOR_ERROR, error, (500, "server_error"))
     param = error.param if isinstance(error, ParamError) else None
-    body = {"error": {"message": str(error), "type": error_type, "param": param, "code": CODE_FOR_ERROR.get(kind)}}
+    body = {"error": {"message": str(error), "type": error_type, "param": param, "code": _entry(CODE_FOR_ERROR, error)}}
     return status, orjson.dumps(body)
 
 
@@ -322,9 +325,7 @@ class HttpApi:
             raise
 
     def _count_refusal(self, error: EmbedError) -> None:
-        reason = REASON_FOR_ERROR.get(type(error)) or next(
-            (REASON_FOR_ERROR[k] for k in type(error).__mro__ if k in REASON_FOR_ERROR), None
-        )
+        reason = _entry(REASON_FOR_ERROR, error)
         if isinstance(error, NotReady):
             reason = "draining" if self.state.draining else "not_ready"
         if reason is not None:

@@ -104,8 +104,8 @@ class Pipeline:
         batcher: Batcher,
         limits: Limits,
         metrics: ModelMetrics,
-        tokenizer_threads: int = 2,
-        dim: int = 0,
+        tokenizer_threads: int,
+        dim: int,
     ) -> None:
         self.dim = dim  # the model's embedding width
         self.tokenizer = tokenizer
@@ -114,11 +114,6 @@ class Pipeline:
         self.limits = limits
         self.metrics = metrics
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
-
-    async def embed(
-        self, texts: Sequence[str], truncate: bool, normalize: bool, deadline: float | None, client: str = ""
-    ) -> Embedded:
-        return await self.compute(await self.tokenize(texts, truncate, client), normalize, deadline, client)
 
     async def tokenize(self, texts: Sequence[str], truncate: bool, client: str = "") -> Tokenized:
         """``texts`` may be the request message's own sequence: it is read, never kept whole.
