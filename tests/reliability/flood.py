@@ -46,12 +46,13 @@ def long_text(chars: int, seed: int) -> str:
 
 async def flood(
     target: str, clients: int, inputs: int, chars: int, seconds: float, channels: int = 8
-) -> tuple[int, Counter[str]]:
+) -> tuple[int, Counter[str], Counter[str]]:
     message = embedding_pb2.EmbedRequest(inputs=[long_text(chars, i) for i in range(inputs)], truncate=True)
     connections = [
         grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(channels)
     ]
     codes: Counter[str] = Counter()
+    details: Counter[str] = Counter()  # of answers other than OK and RESOURCE_EXHAUSTED, to tell who gave them
     sent = 0
     end = time.monotonic() + seconds
 
@@ -64,12 +65,14 @@ async def flood(
                 codes["OK" if len(response.embeddings) == inputs else "WRONG"] += 1
             except grpc.aio.AioRpcError as e:
                 codes[e.code().name] += 1
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    details[f"{e.code().name}: {e.details()}"] += 1
 
     stubs = [embedding_pb2_grpc.EmbedderStub(c) for c in connections]
     await asyncio.gather(*(client(stubs[i % len(stubs)]) for i in range(clients)))
     for connection in connections:
         await connection.close()
-    return sent, codes
+    return sent, codes, details
 
 
 def main() -> None:
@@ -81,8 +84,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--channels", type=int, default=8, help="connections the clients share (1: one channel)")
     args = parser.parse_args()
-    sent, codes = asyncio.run(flood(args.target, args.clients, args.inputs, args.chars, args.seconds, args.channels))
-    print(json.dumps({"sent": sent, "codes": dict(codes)}), flush=True)
+    sent, codes, details = asyncio.run(
+        flood(args.target, args.clients, args.inputs, args.chars, args.seconds, args.channels)
+    )
+    print(json.dumps({"sent": sent, "codes": dict(codes), "details": dict(details)}), flush=True)
 
 
 if __name__ == "__main__":

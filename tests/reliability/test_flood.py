@@ -1,6 +1,6 @@
 """A flood of the largest valid requests on models of the real cost: memory bounded, small requests served.
 
-200 clients send 64 inputs x 20,000 characters each (truncate on, 1.3 MB a message) for 15 s, over 8
+200 clients send 64 inputs x 20,000 characters each (truncate on, 1.3 MB a message) for 20 s, over 8
 connections and over one, against `python -m server` with the deployment's 1 GiB limit given by flag.
 Meanwhile a second client sends one short text every 25 ms on its own connection. The models are
 untrained ones of the shipped configuration and of all-MiniLM-L6-v2's shape (27x the FLOPs per token):
@@ -103,7 +103,11 @@ def test_a_flood_of_the_largest_requests_keeps_memory_bounded_and_small_requests
             f"OK {ok_share:.1%}, p50 {1000 * np.median(small_latencies):.0f} ms, p99 {1000 * p99:.0f} ms"
         )
         assert flood.returncode == 0
-        assert set(flood_codes) <= {"OK", "RESOURCE_EXHAUSTED"} and flood_codes.get("OK", 0) > 0, flood_codes
+        # Refused for room, or past the flood's own 30 s deadline: each a clear answer; anything else
+        # (UNAVAILABLE, INTERNAL, UNKNOWN, CANCELLED, a short answer) is a failure. ``details`` says who
+        # gave each answer other than OK and RESOURCE_EXHAUSTED.
+        assert set(flood_codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, report
+        assert flood_codes.get("OK", 0) > 0, report
         assert sum(flood_codes.values()) == sent, (flood_codes, sent)  # every call sent was answered
         assert peak_rss <= PEAK_BAR_MIB << 20, peak_rss >> 20
         assert len(small_latencies) > 50, small_codes
