@@ -30,7 +30,7 @@ from server.admission import Admission
 from server.auth import BearerTokenInterceptor, server_credentials
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
-from server.http import HttpApi
+from server.http import HttpApi, with_header_timeout
 from server.metrics import Metrics
 from server.models import VERSION, LoadedModel, ServedModel, ServingState, load_model
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
@@ -158,7 +158,7 @@ class EmbeddingServer:
             uvicorn.Config(
                 self.http_api,
                 loop="none",  # this loop: the gRPC server's
-                http="httptools",
+                http=with_header_timeout(config.http_header_timeout_seconds),
                 lifespan="off",
                 access_log=False,
                 log_level="warning",

@@ -26,6 +26,7 @@ class ServerConfig:
     port: int = 50051  # gRPC port; 0 picks a free one (tests)
     http_host: str = "0.0.0.0"  # bind address of the HTTP API (/v1/embeddings)
     http_port: int = 8080  # HTTP API port; 0 picks a free one; -1 turns it off
+    http_header_timeout_seconds: float = 10.0  # request headers that take longer to arrive get 408, connection closed
     http_body_timeout_seconds: float = 10.0  # a request body that takes longer to arrive gets 400
     auto_truncate: bool = True  # HTTP: inputs over the model's max length are cut unless a request says truncate=false
     metrics_host: str = "0.0.0.0"  # bind address of the Prometheus /metrics endpoint
@@ -94,8 +95,8 @@ class ServerConfig:
             problems.append("max_concurrent_rpcs must be at least 1")
         if self.max_request_bytes and self.max_request_bytes < self.max_message_bytes:
             problems.append("max_request_bytes must hold at least one largest message (max_message_bytes)")
-        if self.http_body_timeout_seconds <= 0:
-            problems.append("http_body_timeout_seconds must be positive")
+        if self.http_body_timeout_seconds <= 0 or self.http_header_timeout_seconds <= 0:
+            problems.append("http_header_timeout_seconds and http_body_timeout_seconds must be positive")
         if self.max_batch_seconds < 0 or self.memory_limit_mib < 0:
             problems.append("max_batch_seconds and memory_limit_mib must not be negative")
         if self.auth_token and not self.auth_token.strip():

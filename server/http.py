@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.admission import Admission, Ticket
 from server.errors import (
@@ -342,6 +343,62 @@ async def _respond(send: Any, status: int, body: bytes) -> None:
         {"type": "http.response.start", "status": status, "headers": [*JSON, (b"content-length", b"%d" % len(body))]}
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on each request's headers.
+
+    uvicorn bounds only the idle time between requests: a client that connects and sends its headers a
+    byte at a time, or nothing, would hold its connection and socket forever (slowloris). The clock
+    starts when the connection opens or a request's first byte arrives, and stops when its headers are
+    complete; the body has its own timeout (``HttpApi.body_timeout``). Late headers get 408 and the
+    connection is closed.
+    """
+
+    header_timeout = 10.0  # seconds; set per server by ``with_header_timeout``
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:  # a new request on a kept-alive connection
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        message = f"the request headers did not arrive within {self.header_timeout:g} s"
+        body = orjson.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "timeout"}}
+        )
+        head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        self.transport.close()
+
+
+def with_header_timeout(seconds: float) -> type[HeaderTimeoutProtocol]:
+    """The protocol class uvicorn instantiates per connection, with this server's header timeout."""
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})
 
 
 def openapi_document() -> dict[str, Any]:

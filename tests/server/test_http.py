@@ -190,6 +190,25 @@ def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
         server.stop()
 
 
+def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts: Path) -> None:
+    server = ServerThread(server_config(tiny_artifacts, http_header_timeout_seconds=0.5))
+    try:
+        port = server.server.http_port
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+            started = time.monotonic()
+            answer = read_response(sock)
+            assert sock.recv(1) == b""  # closed after the answer
+        assert answer.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in answer, answer
+        assert time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # sends nothing at all
+            assert read_response(idle).startswith("HTTP/1.1 408")
+        # A request whose headers arrive in time is served on the same server.
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    finally:
+        server.stop()
+
+
 def test_overload_is_429_naming_the_budget(served_http: ServerThread) -> None:
     admission = served_http.server.admission
     real = admission.max_calls
