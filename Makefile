@@ -84,7 +84,7 @@ loadtest: setup $(ARTIFACTS)/model.onnx
 
 bench: setup $(ARTIFACTS)/model.onnx
 	$(PY) -m bench --model-dir $(ARTIFACTS)
-	$(PY) -m bench.protocols --model-dir $(ARTIFACTS)
+	$(PY) -m bench.protocols --model-dir $(ARTIFACTS) $(if $(wildcard $(ARTIFACTS)/minilm/model.onnx),--minilm-dir $(ARTIFACTS)/minilm)
 
 # On a machine with an NVIDIA GPU: CUDA parity, fp16, `bench --provider cuda`, --workers scaling (scripts/gpu-check.sh).
 gpu-check:

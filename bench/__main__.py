@@ -9,6 +9,7 @@ claims come from that file only.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -326,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["matmul_peak_flops"] = matmul_peak_flops(threads)
 
     results["machine"] = {
+        "date": datetime.date.today().isoformat(),
         "cpu": cpu_name(),
         "cores": threads,
         "python": platform.python_version(),

@@ -250,7 +250,20 @@ def test_the_protocol_report_marks_each_target_met_or_missed() -> None:
         "8x16": {"grpc": runs(1600, 70), "http": runs(2000, 60), "http ceiling": runs(20000, 1)},
         "1x1": {"grpc": runs(500, 1.7), "http": runs(800, 0.6), "http ceiling": runs(8000, 0.1)},
     }
-    text = report({"loads": loads, "model_seconds": 0.0002}, "test")
-    assert "| 1 text x 32 clients: HTTP >= 2x gRPC | 1.50x | 2.0x | **no** |" in text
-    assert "| 8 texts x 16 clients: HTTP >= gRPC | 1.25x | 1.0x | yes |" in text
-    assert "| one client: HTTP p50 <= model's own time + 0.5 ms | 0.60 ms | 0.70 ms | yes |" in text
+    model = {"one_text": 0.0002, "1x32": 4000.0, "8x16": 8000.0, "1x1": 3000.0}
+    minilm = {
+        "model_dir": "artifacts/minilm",
+        "loads": {
+            "1x32": {"grpc": runs(100, 300), "http": runs(97, 310), "http ceiling": runs(20000, 1)},
+            "8x16": {"grpc": runs(100, 900), "http": runs(90, 950), "http ceiling": runs(20000, 1)},
+        },
+        "model": {"1x32": 110.0, "8x16": 120.0},
+    }
+    text = report({"loads": loads, "model": model}, "test", minilm)
+    # L = 1 / (1/20000 + 1/4000) = 3333 texts/s at 1 x 32; HTTP's 1500 is 0.45 of it.
+    assert "| 1 text(s) x 32 clients | 1000 | 1500 | 1.50 | 20000 | 3333 | 0.45 | 30.00 / 20.00 |" in text
+    assert "| 1 text x 32 clients: HTTP / L | 0.45 | 0.80 | **no** |" in text
+    assert "| 1 text x 32 clients: HTTP / gRPC | 1.50x | 2.00x | **no** |" in text
+    assert "| 8 texts x 16 clients: HTTP / gRPC | 1.25x | 1.00x | yes |" in text
+    assert "| one client: HTTP p50, ms (bar: the model's own time + 0.5 ms) | 0.60 | 0.70 | yes |" in text
+    assert "| all-MiniLM-L6-v2: HTTP / gRPC, the lower of its loads | 0.90x | 0.95x | **no** |" in text
