@@ -14,7 +14,7 @@ PROTO_OUT := embedding/v1/embedding_pb2.py
 INFERENCE_PROTO := protos/inference/v2/open_inference_grpc.proto
 INFERENCE_OUT := server/_proto/open_inference_grpc.binpb
 
-.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained
+.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained readme
 
 setup: system-packages venv protos
 
@@ -68,6 +68,10 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The README's configuration table, from the settings' own descriptions (a test checks it is current).
+readme: setup
+	$(PY) -m server.config --readme README.md
 
 lint: setup
 	$(PY) -m ruff check .

@@ -5,7 +5,7 @@ quantized with per-channel int8 weight scales, with one scale per tensor, and wi
 weights, and the graph after ONNX Runtime's transformer optimizer, per channel. The fastest whose mean
 cosine to fp32 meets the bar is kept; if none does, the most accurate (the export then reports the
 miss). Speed alone is not enough: which options keep a model accurate depends on its weights and on
-the CPU's int8 instructions (README, "Export and parity"). The choice, timings and cosines go into the
+the CPU's int8 instructions (docs/model.md, "Export and parity"). The choice, timings and cosines go into the
 manifest.
 """
 

@@ -46,7 +46,7 @@ DISTILL_LOSSES = ("similarity", "projection")
 
 @dataclass(frozen=True)
 class Recipe:
-    """Defaults that differ with the starting point, each measured (README)."""
+    """Defaults that differ with the starting point, each measured (docs/model.md)."""
 
     steps: int  # sized to the time budget on 2 cores
     vocab_size: int
@@ -76,7 +76,7 @@ class TrainConfig:
     bf16: str = "auto"  # bf16 autocast for the forward pass: auto (where the CPU has bf16 units) | on | off
     progress: bool = True
     teacher_dir: str = ""  # an exported teacher (make export-pretrained) to distil from; "" = InfoNCE only
-    distill_weight: float = 30.0  # of the distillation loss next to InfoNCE; 3, 10, 30, 100 measured (README)
+    distill_weight: float = 30.0  # of the distillation loss next to InfoNCE; 3, 10, 30, 100 measured (docs/model.md)
     # similarity: match the in-batch cosine matrices | projection: cosine to the teacher through a linear head
     distill_loss: str = "similarity"
     teacher_init: bool = True  # start the student's token embeddings from the teacher's (PCA of each token alone)

@@ -11,8 +11,9 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from server.loops import EVENT_LOOPS
 
@@ -20,61 +21,103 @@ from server.loops import EVENT_LOOPS
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
+def setting(default: Any, help: str) -> Any:
+    """A ServerConfig field with its description: the one text `--help` and the README's table show."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "0.0.0.0"  # gRPC bind address
-    port: int = 50051  # gRPC port; 0 picks a free one (tests)
-    http_host: str = "0.0.0.0"  # bind address of the HTTP API (/v1/embeddings)
-    http_port: int = 8080  # HTTP API port; 0 picks a free one; -1 turns it off
-    http_header_timeout_seconds: float = 10.0  # request headers that take longer to arrive get 408, connection closed
-    http_body_timeout_seconds: float = 10.0  # a request body that takes longer to arrive gets 400
-    auto_truncate: bool = True  # HTTP: inputs over the model's max length are cut unless a request says truncate=false
-    metrics_host: str = "0.0.0.0"  # bind address of the Prometheus /metrics endpoint
-    metrics_port: int = 9464  # 0 picks a free one; -1 turns the endpoint off
-    model_dir: str = "artifacts"  # folder with model.onnx, tokenizer.json and manifest.json
-    # NAME=DIR pairs (or a bare DIR: named by its manifest's model_id), one per served model, the first the
-    # default; when given, model_dir is not used. Empty: one model from model_dir, named by its model_id.
-    model: tuple[str, ...] = ()
-    provider: str = "auto"  # auto (CUDA when it really loads, else CPU) | cpu | cuda
-    precision: str = "fp32"  # fp32 (model.onnx) | int8 (model.int8.onnx) | fp16 (model.fp16.onnx, CUDA)
-    max_batch_tokens: int = 16384  # padded tokens per batch: items x longest item (the most; see max_batch_seconds)
-    # Per model, max_batch_tokens is lowered at warm-up until one batch runs within this long, so a short
-    # request never waits long behind a batch in the backend; 0 keeps max_batch_tokens as it is.
-    max_batch_seconds: float = 0.1
-    max_batch_size: int = 128  # items per batch
-    max_padding_ratio: float = 0.15  # most of a batch that may be padding; longer/shorter items wait
-    max_delay_ms: float = 0.0  # how long a batch may wait to fill while the backend is idle
-    max_queue_tokens: int = 65536  # queued real tokens beyond which requests are refused (RESOURCE_EXHAUSTED)
-    max_client_batch_size: int = 64  # inputs per request
-    max_input_chars: int = 20000  # characters per input, checked before tokenization
-    max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
-    max_streams: int = 64  # EmbedStream RPCs open at once; more get RESOURCE_EXHAUSTED
-    max_concurrent_rpcs: int = 512  # calls in progress at once; more get RESOURCE_EXHAUSTED before being read
-    # The memory budgets derive from the cgroup's memory.max; without one, from this (MiB); 0: the machine's.
-    memory_limit_mib: int = 0
-    # Bytes of request bodies received and not yet tokenized; more are refused before parsing. 0: derived
-    # from the memory limit (what is left of 75% of it once the models are warm, / 3).
-    max_request_bytes: int = 0
-    tls_cert: str = ""  # PEM certificate chain: serve TLS (with tls_key)
-    tls_key: str = ""  # PEM private key of tls_cert
-    tls_client_ca: str = ""  # PEM CA bundle: require client certificates it signed (mutual TLS)
-    auth_token_file: str = ""  # file holding the bearer token Embedder calls must present
-    auth_token: str = ""  # the token itself; prefer EMBED_AUTH_TOKEN or the file (a flag shows in `ps`)
-    drain_delay_seconds: float = 1.0  # on SIGTERM: keep serving (health NOT_SERVING) while load balancers stop sending
-    grace_seconds: float = 10.0  # then: gRPC refuses new calls and in-flight ones get this long to finish
-    health_host: str = "0.0.0.0"  # bind address of the plaintext health-only port
-    health_port: int = -1  # plaintext grpc.health.v1 only, for probes when --tls-cert is set; -1 = off
-    backend_probe_seconds: float = 1.0  # while the backend is unhealthy, probe it this often
-    intra_op_threads: int = 0  # ONNX Runtime threads per inference; 0 = one per physical core
-    # ONNX Runtime's threads spin after each op waiting for the next; off, they sleep and leave the cores to
-    # the event loop (single-text traffic on 2 cores: same or more texts/s for a quarter less CPU per request,
-    # docs/benchmarks.md). On for models where compute dominates.
-    intra_op_spinning: bool = False
-    tokenizer_threads: int = 2  # threads tokenizing off the event loop
-    workers: int = 1  # server processes sharing the port (SO_REUSEPORT); see server/workers.py
-    reuse_port: bool = False  # let several processes bind the port; set for workers by --workers
-    event_loop: str = "uvloop"  # uvloop | asyncio (server/loops.py)
-    log_level: str = "INFO"
+    host: str = setting("0.0.0.0", "gRPC bind address")
+    port: int = setting(50051, "gRPC port (0 = any free port)")
+    http_host: str = setting("0.0.0.0", "bind address of the HTTP API")
+    http_port: int = setting(8080, "HTTP API port (0 = any free port, -1 = off)")
+    http_header_timeout_seconds: float = setting(
+        10.0, "request headers that take longer to arrive get 408 and the connection is closed"
+    )
+    http_body_timeout_seconds: float = setting(10.0, "a request body that takes longer to arrive gets 400")
+    auto_truncate: bool = setting(
+        True, "HTTP: inputs over the model's max length are cut unless the request says `truncate: false`"
+    )
+    metrics_host: str = setting("0.0.0.0", "bind address of `/metrics`")
+    metrics_port: int = setting(9464, "Prometheus `/metrics` port (0 = any free port, -1 = off)")
+    model_dir: str = setting(
+        "artifacts",
+        "folder with `model.onnx`, `tokenizer.json`, `manifest.json`; served under its manifest's `model_id`",
+    )
+    model: tuple[str, ...] = setting(
+        (),
+        "`NAME=DIR` or a bare `DIR` (named by its manifest's `model_id`), one per served model, the first the "
+        "default; repeatable; when given, `--model-dir` is not used",
+    )
+    provider: str = setting(
+        "auto",
+        "`auto` (CUDA when the CUDA provider really loads, else CPU), `cpu`, `cuda` (fail if CUDA does not load)",
+    )
+    precision: str = setting(
+        "fp32", "`fp32` (`model.onnx`), `int8` (`model.int8.onnx`), `fp16` (`model.fp16.onnx`, for CUDA)"
+    )
+    max_batch_tokens: int = setting(16384, "padded tokens per batch (items x longest item), the most")
+    max_batch_seconds: float = setting(
+        0.1,
+        "per model, `--max-batch-tokens` is lowered at warm-up until one batch runs within this long, so a short "
+        "request never waits long behind a running batch (0 = off)",
+    )
+    max_batch_size: int = setting(128, "items per batch")
+    max_padding_ratio: float = setting(
+        0.15, "most of a batch that may be padding; items that would raise it wait for the next batch"
+    )
+    max_delay_ms: float = setting(0.0, "how long a batch may wait to fill when the backend is idle (0 = leave at once)")
+    max_queue_tokens: int = setting(65536, "queued tokens per model beyond which requests get `RESOURCE_EXHAUSTED`")
+    max_client_batch_size: int = setting(64, "inputs per request")
+    max_input_chars: int = setting(20000, "characters per input, checked before tokenization")
+    max_message_bytes: int = setting(4 * 1024 * 1024, "largest gRPC message or HTTP body received, and message sent")
+    max_streams: int = setting(64, "`EmbedStream` RPCs open at once; more get `RESOURCE_EXHAUSTED`")
+    max_concurrent_rpcs: int = setting(
+        512, "calls in progress at once, both protocols together; more get `RESOURCE_EXHAUSTED` before being read"
+    )
+    memory_limit_mib: int = setting(
+        0,
+        "the memory limit the budgets derive from when the cgroup sets none (`memory.max`); 0 = the machine's "
+        "memory. Peak RSS stays within 75% of it",
+    )
+    max_request_bytes: int = setting(
+        0,
+        "bytes of request bodies received and not yet tokenized; more are refused before parsing. 0 = derived "
+        "from the memory limit (what is left of 75% of it once the models are warm, / 3)",
+    )
+    tls_cert: str = setting("", "PEM certificate chain: serve TLS (with `--tls-key`)")
+    tls_key: str = setting("", "PEM private key of `--tls-cert`")
+    tls_client_ca: str = setting("", "PEM CA bundle: require client certificates it signed (mutual TLS)")
+    auth_token_file: str = setting(
+        "", "file holding the bearer token every embedding call must present (an empty file refuses to start)"
+    )
+    auth_token: str = setting(
+        "", "the token itself; prefer the variable or the file (a flag shows in `ps`); set but empty refuses to start"
+    )
+    drain_delay_seconds: float = setting(
+        1.0,
+        "on SIGTERM: health `NOT_SERVING` at once, requests served as usual for this long (load balancers move away)",
+    )
+    grace_seconds: float = setting(10.0, "then new calls are refused and calls in progress get this long to finish")
+    health_host: str = setting("0.0.0.0", "bind address of the plaintext health-only port")
+    health_port: int = setting(
+        -1, "a plaintext port serving only `grpc.health.v1`, for probes when the main port serves TLS (-1 = off)"
+    )
+    backend_probe_seconds: float = setting(
+        1.0, "while the backend is unhealthy (5 failed batches in a row), probe it this often"
+    )
+    intra_op_threads: int = setting(0, "ONNX Runtime threads per inference (0 = one per physical core)")
+    intra_op_spinning: bool = setting(
+        False,
+        "let ONNX Runtime's threads busy-wait between operators; off leaves the cores to the event loop (single-text "
+        "traffic on 2 cores: same or more texts/s for a quarter less CPU per request); turn on where compute dominates",
+    )
+    tokenizer_threads: int = setting(2, "threads tokenizing off the event loop")
+    workers: int = setting(1, "server processes sharing the port (SO_REUSEPORT); worker i serves metrics on port + i")
+    reuse_port: bool = setting(False, "let several processes bind the port (set for each worker by `--workers`)")
+    event_loop: str = setting("uvloop", "`uvloop` or `asyncio` (the standard library's)")
+    log_level: str = setting("INFO", "Python logging level")
 
     def __post_init__(self) -> None:
         problems = []
@@ -168,6 +211,10 @@ def env_name(field_name: str) -> str:
     return "EMBED_" + field_name.upper()
 
 
+def _escaped(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC and HTTP.")
@@ -180,7 +227,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
                 "--" + f.name.replace("_", "-"),
                 action="append",
                 default=argparse.SUPPRESS,
-                help=f"repeatable (env {env_name(f.name)}, comma-separated)",
+                help=f"{_escaped(f.metadata['help'])} (env {env_name(f.name)}, comma-separated)",
             )
             continue
         kind: Callable[[str], object] = parse_bool if isinstance(f.default, bool) else type(f.default)
@@ -190,7 +237,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             "--" + f.name.replace("_", "-"),
             type=kind,
             default=argparse.SUPPRESS,
-            help=f"(env {env_name(f.name)}; default {f.default})",
+            help=f"{_escaped(f.metadata['help'])} (env {env_name(f.name)}; default {f.default})",
         )
     flags = vars(parser.parse_args(argv))
     given.update({name: tuple(v) if isinstance(v, list) else v for name, v in flags.items()})
@@ -202,3 +249,38 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     except ValueError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits
+
+
+README_TABLE = ("<!-- configuration table: python -m server.config --readme README.md -->", "<!-- end of table -->")
+
+
+def config_table() -> str:
+    """The README's configuration table, from the fields' own descriptions (as `--help` shows them)."""
+    rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
+    for f in fields(ServerConfig):
+        default = f.default
+        if isinstance(default, bool):
+            shown = f"`{str(default).lower()}`"
+        elif default in ("", ()):
+            shown = "none"
+        else:
+            shown = f"`{default}`"
+        rows.append(f"| `--{f.name.replace('_', '-')}` | `{env_name(f.name)}` | {shown} | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+def with_config_table(readme: str) -> str:
+    """The README text with the table between its markers replaced by ``config_table()``."""
+    start, end = README_TABLE
+    head, found, rest = readme.partition(start)
+    if not found or end not in rest:
+        raise ValueError(f"the README has no {start} ... {end} block")
+    _, _, tail = rest.partition(end)
+    return f"{head}{start}\n{config_table()}\n{end}{tail}"
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(description="Write the configuration table into the README.")
+    cli.add_argument("--readme", type=Path, required=True)
+    path = cli.parse_args().readme
+    path.write_text(with_config_table(path.read_text()))

@@ -37,7 +37,7 @@ from server.pipeline import Embedded
 log = logging.getLogger(__name__)
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
 
-# The one translation table from domain errors to gRPC status codes (README, "Status codes").
+# The one translation table from domain errors to gRPC status codes (docs/api.md, "Status codes").
 STATUS_FOR_ERROR: dict[type[EmbedError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownModel: grpc.StatusCode.INVALID_ARGUMENT,

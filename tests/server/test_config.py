@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,24 @@ def test_an_unknown_event_loop_is_refused(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         parse_config(["--event-loop", "trio"], environ={})
     assert "event_loop must be one of uvloop, asyncio, not 'trio'" in capsys.readouterr().err
+
+
+def test_the_readme_configuration_table_is_the_one_the_settings_describe() -> None:
+    """README's table is generated from the fields' descriptions: rerun `python -m server.config --readme
+    README.md` after changing a setting, or this fails."""
+    from server.config import README_TABLE, config_table, with_config_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert with_config_table(readme) == readme
+    table = readme.split(README_TABLE[0])[1].split(README_TABLE[1])[0]
+    assert table.strip() == config_table()
+    assert table.count("\n| `--") == len(fields(ServerConfig))  # one row per setting
+
+
+def test_help_shows_each_settings_own_description(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--help"], environ={})
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for f in fields(ServerConfig):
+        assert f.metadata["help"], f.name
+        assert " ".join(f.metadata["help"].split()) in shown, f.name
