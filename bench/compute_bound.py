@@ -32,7 +32,7 @@ def build(source_dir: Path, out_dir: Path, seed: int = 0) -> dict[str, object]:
     import torch
 
     from export.artifacts import MANIFEST_FILE, TOKENIZER_FILE, export_all
-    from model.train import CHECKPOINT
+    from model.checkpoint import CHECKPOINT
     from model.transformer import Encoder, EncoderConfig
 
     source = json.loads((source_dir / MANIFEST_FILE).read_text())["config"]

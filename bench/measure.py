@@ -154,7 +154,7 @@ def per_batch_latency(model_dir: Path, ids: np.ndarray, mask: np.ndarray, thread
     import torch
 
     from export.torchscript import load_torchscript
-    from model.train import load_checkpoint
+    from model.checkpoint import load_checkpoint
 
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(model_dir / "checkpoint.pt")

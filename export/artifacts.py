@@ -11,8 +11,8 @@ from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
 from export.torchscript import export_torchscript
 from export.triton import write_triton_repository
 from export.verify import ParityReport, precision_report, verify_artifacts
+from model.checkpoint import CHECKPOINT, load_checkpoint
 from model.tokenizer import load_tokenizer
-from model.train import CHECKPOINT, load_checkpoint
 
 ONNX_FILE = "model.onnx"
 TORCHSCRIPT_FILE = "model.torchscript.pt"

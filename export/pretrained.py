@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from export.artifacts import TOKENIZER_FILE, export_all, require_gates
+from model.checkpoint import CHECKPOINT
 from model.pretrained import from_pretrained
-from model.train import CHECKPOINT
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 

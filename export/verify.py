@@ -174,7 +174,7 @@ def row_alone_max_abs(
 
 def verify_artifacts(model_dir: Path | str) -> ParityReport:
     from export.torchscript import load_torchscript
-    from model.train import load_checkpoint
+    from model.checkpoint import load_checkpoint
 
     model_dir = Path(model_dir)
     model, _ = load_checkpoint(model_dir / "checkpoint.pt")

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from model.checkpoint import encode_texts, save_checkpoint
 from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
 from model.distill import (
@@ -35,11 +36,8 @@ from model.distill import (
     teacher_token_init,
     token_strings,
 )
-from model.tokenizer import pad_id, save_tokenizer, train_tokenizer
+from model.tokenizer import pad_id, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
-
-CHECKPOINT = "checkpoint.pt"
-
 
 DISTILL_LOSSES = ("similarity", "projection")
 
@@ -145,16 +143,6 @@ def pad_batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids, mask
-
-
-def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
-    """Token ids of each text, unpadded, truncated to max_len (or the tokenizer's own limit, if lower)
-    with [SEP] kept last."""
-    unpadded = Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's settings stay as they are
-    unpadded.no_padding()
-    limit = min(max_len, (tokenizer.truncation or {}).get("max_length", max_len))
-    unpadded.enable_truncation(limit)  # truncation leaves room for the template's [CLS] and [SEP]
-    return [e.ids for e in unpadded.encode_batch(list(texts))]
 
 
 def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -416,31 +404,6 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     return TrainResult(model, tokenizer, losses, evaluation, summary)
 
 
-def save_checkpoint(result: TrainResult, out_dir: Path | str) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / CHECKPOINT
-    torch.save(
-        {
-            "config": result.model.config.to_dict(),
-            "state_dict": result.model.state_dict(),
-            "summary": result.summary,
-        },
-        path,
-    )
-    save_tokenizer(result.tokenizer, out / "tokenizer.json")
-    (out / "evaluation.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-    return path
-
-
-def load_checkpoint(path: Path | str) -> tuple[Encoder, dict[str, object]]:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    model = Encoder(EncoderConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["state_dict"])
-    model.eval()
-    return model, checkpoint["summary"]
-
-
 def plot_losses(losses: Sequence[float], path: Path | str) -> None:
     import matplotlib
 
@@ -490,20 +453,16 @@ def exported_minilm(out_dir: Path) -> str:
 
 
 def resolve_teacher(choice: str, out_dir: Path) -> str:
-    """The exported teacher's folder for --teacher, exporting all-MiniLM-L6-v2 first when it is missing."""
+    """The exported teacher's folder for --teacher. Exporting it is a step of its own (`make
+    export-pretrained`, which `make train` runs first when it distils), never done from inside training."""
     if choice == "auto":  # the package is a training dependency (make setup installs it)
         choice = "minilm"
     if choice == "none":
         return ""
-    if choice != "minilm":
-        if not (Path(choice) / "manifest.json").is_file():
-            raise SystemExit(f"--teacher {choice}: no exported model there (manifest.json missing)")
-        return choice
-    folder = out_dir / "minilm"
+    folder = out_dir / "minilm" if choice == "minilm" else Path(choice)
     if not (folder / "manifest.json").is_file():
-        from export.pretrained import MINILM_ID, export_pretrained, packaged_minilm
-
-        export_pretrained(packaged_minilm(), folder, MINILM_ID)
+        hint = "make export-pretrained (python -m export.pretrained --out DIR)" if choice == "minilm" else "make export"
+        raise SystemExit(f"--teacher {choice}: no exported model in {folder} (manifest.json missing); run {hint}")
     return str(folder)
 
 
@@ -522,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--teacher",
         default="none",
-        help="none (InfoNCE only) | minilm (all-MiniLM-L6-v2, exported to OUT_DIR/minilm if missing) | "
+        help="none (InfoNCE only) | minilm (all-MiniLM-L6-v2 exported in OUT_DIR/minilm) | "
         "auto (= minilm) | DIR (an exported teacher)",
     )
     parser.add_argument("--distill-weight", type=float, default=defaults.distill_weight)
@@ -563,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
     result = train(config)
-    path = save_checkpoint(result, config.out_dir)
+    path = save_checkpoint(result.model, result.tokenizer, result.summary, config.out_dir)
     plot_losses(result.losses, Path(config.out_dir) / "loss_curve.png")
     print(f"checkpoint: {path} ({result.summary['train_seconds']} s)")
     print(format_evaluation(result.evaluation, result.summary["model_sizes"]))  # type: ignore[arg-type]

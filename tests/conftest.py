@@ -36,12 +36,13 @@ def tiny_train_config(**overrides: object):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_training(tmp_path_factory: pytest.TempPathFactory):
-    from model.train import save_checkpoint, train
+    from model.checkpoint import save_checkpoint
+    from model.train import train
 
     config = tiny_train_config(steps=12, batch_size=32, vocab_size=1000, max_synsets=3000, held_out_fraction=0.05)
     result = train(config)
     out = tmp_path_factory.mktemp("tiny")
-    save_checkpoint(result, out)
+    save_checkpoint(result.model, result.tokenizer, result.summary, out)
     return result, out
 
 

@@ -124,5 +124,9 @@ def test_an_unknown_distillation_loss_is_refused() -> None:
 
 def test_teacher_choice(tmp_path: Path) -> None:
     assert resolve_teacher("none", tmp_path) == ""
-    with pytest.raises(SystemExit, match="no exported model there"):
+    with pytest.raises(SystemExit, match="no exported model in"):
         resolve_teacher(str(tmp_path / "nowhere"), tmp_path)
+    # all-MiniLM-L6-v2 not exported yet: training says which step to run, and exports nothing itself
+    with pytest.raises(SystemExit, match="make export-pretrained"):
+        resolve_teacher("auto", tmp_path)
+    assert not (tmp_path / "minilm").exists()

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from model.checkpoint import encode_texts
 from model.train import (
     HeldOutTask,
     TrainConfig,
-    encode_texts,
     info_nce,
     lr_at,
     pad_batch,

@@ -1,0 +1,47 @@
+"""The trained model's files and the token ids training sees: checkpoint I/O and ``encode_texts``.
+
+Training writes the checkpoint; the export reads it. Both import this module, never each other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from model.tokenizer import save_tokenizer
+from model.transformer import Encoder, EncoderConfig
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def save_checkpoint(model: Encoder, tokenizer: Tokenizer, summary: dict[str, object], out_dir: Path | str) -> Path:
+    """Writes checkpoint.pt, tokenizer.json and evaluation.json (the summary) into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / CHECKPOINT
+    torch.save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "summary": summary}, path)
+    save_tokenizer(tokenizer, out / "tokenizer.json")
+    (out / "evaluation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def load_checkpoint(path: Path | str) -> tuple[Encoder, dict[str, object]]:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    model = Encoder(EncoderConfig(**checkpoint["config"]))
+    model.load_state_dict(checkpoint["state_dict"])
+    model.eval()
+    return model, checkpoint["summary"]
+
+
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+    """Token ids of each text, unpadded, truncated to max_len (or the tokenizer's own limit, if lower)
+    with [SEP] kept last."""
+    unpadded = Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's settings stay as they are
+    unpadded.no_padding()
+    limit = min(max_len, (tokenizer.truncation or {}).get("max_length", max_len))
+    unpadded.enable_truncation(limit)  # truncation leaves room for the template's [CLS] and [SEP]
+    return [e.ids for e in unpadded.encode_batch(list(texts))]
