@@ -77,7 +77,7 @@ readme: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy model export server bench loadtest
+	$(PY) -m mypy contract model export server bench loadtest
 
 LOADTEST_USERS ?= 32
 LOADTEST_SPAWN_RATE ?= 8

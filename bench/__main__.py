@@ -40,6 +40,7 @@ from bench.measure import (
     transport_server,
 )
 from bench.report import at, targets, write_report
+from contract.manifest import MANIFEST_FILE, Manifest
 from loadtest.run import ROOT, local_server
 from server.batcher import BatchPolicy
 from server.config import ServerConfig
@@ -130,11 +131,11 @@ def measure_compute_bound(
     print("7. MiniLM-sized configuration (d_model 384, 6 layers, 12 heads, d_ff 1536), same export code", flush=True)
     out_dir = model_dir / "bench-minilm-size"
     manifest = compute_bound.build(model_dir, out_dir)
-    config = manifest["config"]
+    config = manifest.config
     assert isinstance(config, dict)
     tokenizer = TextTokenizer(out_dir / "tokenizer.json")
     rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
-    pad_id = int(manifest["pad_id"])  # type: ignore[call-overload]
+    pad_id = manifest.pad_id
     runtime = OnnxRuntime(out_dir, RuntimeOptions(provider=provider, spinning=True), pad_id=pad_id)
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     batches = plan_batches(rows, policy)
@@ -162,7 +163,7 @@ def measure_compute_bound(
     ids, mask = pad_rows(rows[:32], runtime.pad_id)
     per_batch = onnx_per_batch(out_dir, ids, mask, provider)
     print(f"  padding {padding}; per batch {per_batch}", flush=True)
-    precision = manifest["precision"]
+    precision = manifest.precision
     assert isinstance(precision, dict)
     return {
         "config": config,
@@ -185,14 +186,14 @@ def measure_pretrained(
 ) -> dict[str, object] | None:
     """all-MiniLM-L6-v2 as `make export-pretrained` writes it: the server against its raw ceiling."""
     folder = model_dir / "minilm"
-    if not (folder / "manifest.json").is_file():
+    if not (folder / MANIFEST_FILE).is_file():
         print("8. all-MiniLM-L6-v2: not exported here (make export-pretrained); skipped", flush=True)
         return None
     print("8. all-MiniLM-L6-v2 (make export-pretrained), served unchanged", flush=True)
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = Manifest.read(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json")
     rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
-    runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=int(manifest["pad_id"]))
+    runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=manifest.pad_id)
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     batches = plan_batches(rows, policy)
     ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
@@ -201,7 +202,7 @@ def measure_pretrained(
     ceiling.append(len(rows) / time_batches(runtime, batches, repeats=2))
     print(f"  ceiling {ceiling}, server {sweep[0]['texts_per_second']:.0f} texts/s", flush=True)
     return {
-        "model_id": manifest["model_id"],
+        "model_id": manifest.model_id,
         "parameters": onnx_parameters(folder / "model.onnx"),
         "max_length": tokenizer.max_length,
         "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling},
@@ -220,14 +221,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     server_flags = ["--provider", args.provider]
     started = time.time()
     threads = os.cpu_count() or 1
-    manifest = json.loads((args.model_dir / "manifest.json").read_text())
-    config = manifest["config"]
+    manifest = Manifest.read(args.model_dir)
+    config = manifest.config
     shape = ModelShape(config["n_layers"], config["d_model"], config["d_ff"])
     texts = traffic()
     tokenizer = TextTokenizer(args.model_dir / "tokenizer.json")
     rows = tokenizer.encode(texts, truncate=True).rows
     options = RuntimeOptions(provider=args.provider, spinning=True)
-    runtime = OnnxRuntime(args.model_dir, options, pad_id=manifest["pad_id"])
+    runtime = OnnxRuntime(args.model_dir, options, pad_id=manifest.pad_id)
     defaults = ServerConfig()
     policy = BatchPolicy(  # the server's defaults
         defaults.max_batch_tokens,
@@ -336,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["model"] = {
         "parameters": onnx_parameters(args.model_dir / "model.onnx"),
         "config": config,
-        "int8_build": manifest.get("precision", {}).get("int8_build"),
+        "int8_build": manifest.precision.get("int8_build"),
     }
     results["settings"] = {
         "max_batch_tokens": policy.max_batch_tokens,

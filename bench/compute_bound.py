@@ -13,6 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
+from contract.manifest import MANIFEST_FILE, Manifest
+
 MINILM_SIZE = {"d_model": 384, "n_layers": 6, "n_heads": 12, "d_ff": 1536}
 BUILD_MARK = "bench-build.json"
 
@@ -26,22 +28,22 @@ def code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def build(source_dir: Path, out_dir: Path, seed: int = 0) -> dict[str, object]:
+def build(source_dir: Path, out_dir: Path, seed: int = 0) -> Manifest:
     """Writes out_dir with every serving artifact (export_all); reuses it when already built for this
     configuration. Returns the manifest."""
     import torch
 
-    from export.artifacts import MANIFEST_FILE, TOKENIZER_FILE, export_all
+    from export.artifacts import TOKENIZER_FILE, export_all
     from model.checkpoint import CHECKPOINT
     from model.transformer import Encoder, EncoderConfig
 
-    source = json.loads((source_dir / MANIFEST_FILE).read_text())["config"]
+    source = Manifest.read(source_dir).config
     config = EncoderConfig(**{**source, **MINILM_SIZE, "dropout": 0.0})
     # Rebuilt when the configuration or the code that builds it changes (a new quantization, say).
     wanted = {"config": config.to_dict(), "seed": seed, "code": code_digest()}
     mark = out_dir / BUILD_MARK
     if mark.is_file() and json.loads(mark.read_text()) == wanted and (out_dir / MANIFEST_FILE).is_file():
-        return dict(json.loads((out_dir / MANIFEST_FILE).read_text()))
+        return Manifest.read(out_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.measure import traffic
+from contract.manifest import Manifest
 from loadtest.run import free_port, local_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,8 +112,7 @@ def model_seconds(model_dir: Path, loads: list[tuple[int, int]]) -> dict[str, fl
     from server.runtime import OnnxRuntime, RuntimeOptions
     from server.tokenize import TextTokenizer
 
-    manifest = json.loads((model_dir / "manifest.json").read_text())
-    runtime = OnnxRuntime(model_dir, RuntimeOptions(), int(manifest["pad_id"]))
+    runtime = OnnxRuntime(model_dir, RuntimeOptions(), Manifest.read(model_dir).pad_id)
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     rows = tokenizer.encode([traffic(1)[0]], truncate=True).rows
     times = []
@@ -140,7 +140,7 @@ def measure(
     reports.mkdir(parents=True, exist_ok=True)
     texts = reports / "protocols_texts.json"
     texts.write_text(json.dumps(traffic()))
-    dim = int(json.loads((model_dir / "manifest.json").read_text())["dim"])
+    dim = Manifest.read(model_dir).dim
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with local_server(str(model_dir)) as server, http_transport_ceiling(dim) as ceiling:
         http_target = server.http.removeprefix("http://")

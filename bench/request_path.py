@@ -73,13 +73,13 @@ async def measure(model_dir: str, mode: str, texts: Sequence[str], callers: int,
 
         real_encode = pipeline.tokenizer.encode
         pipeline.tokenizer.encode = counted("tokenizer", real_encode)  # type: ignore[method-assign]
-        batcher.run_batch = counted("model", batcher.run_batch)
+        batcher.swap_backend(counted("model", batcher.backend))
         if mode != "full":
             table = {text: real_encode([text], True) for text in set(texts)}
             pipeline.tokenizer.encode = lambda prepared, truncate, originals=None: table[prepared[0]]  # type: ignore[method-assign, assignment]
         if mode == "bare":
             width = 2 * model.info.dim  # the pipeline's backend returns raw and unit rows side by side
-            batcher.run_batch = lambda rows: np.full((len(rows), width), 0.1, dtype=np.float32)
+            batcher.swap_backend(lambda rows: np.full((len(rows), width), 0.1, dtype=np.float32))
         requests = [embedding_pb2.EmbedRequest(inputs=[text], truncate=True) for text in texts]
         done, running = 0, True
 

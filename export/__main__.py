@@ -18,9 +18,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model-dir", default="artifacts", help="holds checkpoint.pt and tokenizer.json")
     args = parser.parse_args(argv)
     manifest, report = export_all(args.model_dir)
-    files = manifest["files"]
-    assert isinstance(files, dict)
-    print(f"wrote {', '.join(files)} to {args.model_dir}")
+    print(f"wrote {', '.join(manifest.files)} to {args.model_dir}")
     require_gates(manifest, report)
 
 

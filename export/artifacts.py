@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
+from contract.manifest import Manifest
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
 from export.torchscript import export_torchscript
@@ -17,7 +17,6 @@ from model.tokenizer import load_tokenizer
 ONNX_FILE = "model.onnx"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
 TOKENIZER_FILE = "tokenizer.json"
-MANIFEST_FILE = "manifest.json"
 MODEL_ID = "wordnet-encoder"
 
 
@@ -31,7 +30,7 @@ def sha256(path: Path) -> str:
 
 def export_all(
     model_dir: Path | str, model_id: str = MODEL_ID, source: str = "trained here (make train)"
-) -> tuple[dict[str, object], ParityReport]:
+) -> tuple[Manifest, ParityReport]:
     """Writes every artifact; the ParityReport is eager/TorchScript/ONNX (the gate), the manifest also
     carries the int8/fp16 figures. model_id and source name where the weights came from."""
     model_dir = Path(model_dir)
@@ -56,36 +55,35 @@ def export_all(
 
     files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
     checkpoint_sha = sha256(model_dir / CHECKPOINT)
-    manifest: dict[str, object] = {
-        "model_id": model_id,
-        "source": source,
-        "model_version": checkpoint_sha[:12],  # changes whenever the weights do
-        "config": model.config.to_dict(),
-        "dim": model.config.d_model,
-        "max_length": model.config.max_len,
-        "vocab_size": model.config.vocab_size,
-        "pad_id": model.config.pad_id,
-        "opset": onnx_opset(model_dir / ONNX_FILE),
-        "inputs": list(INPUT_NAMES),
-        "output": OUTPUT_NAME,
-        "normalized": False,
+    manifest = Manifest(
+        model_id=model_id,
+        source=source,
+        model_version=checkpoint_sha[:12],  # changes whenever the weights do
+        config=model.config.to_dict(),
+        dim=model.config.d_model,
+        max_length=model.config.max_len,
+        vocab_size=model.config.vocab_size,
+        pad_id=model.config.pad_id,
+        opset=onnx_opset(model_dir / ONNX_FILE),
+        inputs=tuple(INPUT_NAMES),
+        output=OUTPUT_NAME,
+        normalized=False,
         # Embedding lengths trained to stand alone (Matryoshka prefixes and the full width).
-        "matryoshka_dims": summary.get("matryoshka_dims", [model.config.d_model]),
-        "files": {name: {"sha256": sha256(model_dir / name)} for name in files},
-        "training": summary,
-        "parity": report.to_dict(),
-        "precision": {**precision, "int8_build": int8_choice},
-        "triton_repository": str(triton.relative_to(model_dir)),
-    }
-    (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        matryoshka_dims=tuple(summary.get("matryoshka_dims", [model.config.d_model])),  # type: ignore[arg-type]
+        files={name: sha256(model_dir / name) for name in files},
+        training=summary,
+        parity=report.to_dict(),
+        precision={**precision, "int8_build": int8_choice},
+        triton_repository=str(triton.relative_to(model_dir)),
+    )
+    manifest.write(model_dir)
     return manifest, report
 
 
-def require_gates(manifest: dict[str, object], report: ParityReport) -> None:
+def require_gates(manifest: Manifest, report: ParityReport) -> None:
     """Prints the parity table and the int8/fp16 figures; exits non-zero when a bar is missed."""
     print(report.table())
-    precision = manifest["precision"]
-    assert isinstance(precision, dict)
+    precision = manifest.precision
     for name in ("int8 vs fp32", "fp16 vs fp32"):
         if name in precision:
             p = precision[name]

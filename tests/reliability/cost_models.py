@@ -11,9 +11,9 @@ tokenizer.json and manifest.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from contract.manifest import Manifest
 from model.outside import stdlib_sentences
 from tests.reliability.flood import WORDS
 
@@ -38,16 +38,15 @@ def build(out_dir: Path, minilm: bool = False, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     export_onnx(Encoder(config).eval(), out_dir / "model.onnx")
     save_tokenizer(tokenizer, out_dir / "tokenizer.json")
-    manifest = {
-        "model_id": "untrained-minilm-size" if minilm else "untrained-shipped-size",
-        "model_version": "untrained",
-        "config": config.to_dict(),
-        "dim": config.d_model,
-        "max_length": config.max_len,
-        "vocab_size": config.vocab_size,
-        "pad_id": config.pad_id,
-    }
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    Manifest(
+        model_id="untrained-minilm-size" if minilm else "untrained-shipped-size",
+        model_version="untrained",
+        config=config.to_dict(),
+        dim=config.d_model,
+        max_length=config.max_len,
+        vocab_size=config.vocab_size,
+        pad_id=config.pad_id,
+    ).write(out_dir)
     return out_dir
 
 

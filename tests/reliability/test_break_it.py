@@ -184,7 +184,6 @@ def test_server_is_up_and_correct_after_the_fuzzing_and_counted_what_clients_saw
 
 def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_without_traffic(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts, backend_probe_seconds=0.1))
-    real = server.server.batcher.run_batch
     broken = threading.Event()
     broken.set()
 
@@ -193,7 +192,7 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_with
             raise RuntimeError("device lost")
         return real(rows)
 
-    server.server.batcher.run_batch = flaky
+    real = server.server.batcher.swap_backend(flaky)
     stub = server.stub()
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.target))
 

@@ -334,7 +334,6 @@ def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_arti
 
 def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts))
-    real = server.server.batcher.run_batch
     calls = []
 
     def fails_once(rows):  # type: ignore[no-untyped-def]
@@ -343,7 +342,7 @@ def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(tiny_artifa
             raise RuntimeError("injected fault")
         return real(rows)
 
-    server.server.batcher.run_batch = fails_once
+    real = server.server.batcher.swap_backend(fails_once)
     stub = server.stub()
     try:
         with pytest.raises(grpc.RpcError) as error:

@@ -1,0 +1,119 @@
+"""``manifest.json``: the typed contract between the export (which writes it) and everything that reads
+an exported model folder (the server, training's teacher, the benchmark).
+
+Torch-free and dependency-free. ``Manifest.read`` is the only way in and ``Manifest.write`` the only way
+out; a folder written under another ``schema_version`` is refused with a message saying what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest this code cannot read: another schema version, a missing field, a wrong type."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_id: str  # the name a model is served under unless given one (`--model NAME=DIR`)
+    model_version: str  # changes whenever the weights do
+    config: Mapping[str, Any]  # the encoder's configuration (model/transformer.py EncoderConfig)
+    dim: int  # embedding width: the output's second axis
+    max_length: int  # tokens per input, special tokens included
+    vocab_size: int
+    pad_id: int
+    source: str = ""  # where the weights came from
+    opset: int = 0
+    inputs: tuple[str, ...] = ("input_ids", "attention_mask")  # int64 [batch, sequence]
+    output: str = "embeddings"  # float32 [batch, dim], mean-pooled
+    normalized: bool = False  # whether the output rows are unit length (the server normalises on request)
+    matryoshka_dims: tuple[int, ...] = ()  # lengths trained to stand alone, the full width last; () = (dim,)
+    files: Mapping[str, str] = field(default_factory=dict)  # file name -> sha256
+    training: Mapping[str, Any] = field(default_factory=dict)  # the training summary
+    parity: Mapping[str, Any] = field(default_factory=dict)  # eager / TorchScript / ONNX Runtime figures
+    precision: Mapping[str, Any] = field(default_factory=dict)  # int8 and fp16 figures, the int8 build kept
+    triton_repository: str = ""  # the Triton model repository's folder, relative to the model folder
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def trained_dimensions(self) -> tuple[int, ...]:
+        return self.matryoshka_dims or (self.dim,)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["files"] = {name: {"sha256": digest} for name, digest in self.files.items()}
+        data["inputs"], data["matryoshka_dims"] = list(self.inputs), list(self.matryoshka_dims)
+        return {"schema_version": data.pop("schema_version"), **data}
+
+    def write(self, folder: Path | str) -> Path:
+        path = Path(folder) / MANIFEST_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = MANIFEST_FILE) -> Manifest:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            found = "no schema_version" if version is None else f"schema_version {version!r}"
+            raise ManifestError(
+                f"{where}: {found}; this code reads schema_version {SCHEMA_VERSION}. Export the model again "
+                "with this version (make export, or python -m export.pretrained for a pretrained checkpoint)"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is MISSING)
+        if unknown or missing:
+            raise ManifestError(f"{where}: unknown fields {unknown}, missing fields {missing}")
+        values = dict(data)
+        try:
+            values["files"] = {name: str(entry["sha256"]) for name, entry in data.get("files", {}).items()}
+            values["inputs"] = tuple(str(name) for name in data.get("inputs", cls.inputs))
+            values["matryoshka_dims"] = tuple(int(d) for d in data.get("matryoshka_dims", ()))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"{where}: malformed files, inputs or matryoshka_dims ({e})") from None
+        manifest = cls(**values)
+        manifest._check_types(where)
+        return manifest
+
+    @classmethod
+    def read(cls, folder: Path | str) -> Manifest:
+        """The manifest of an exported model folder. FileNotFoundError if there is none, ManifestError if
+        it cannot be read as this schema version."""
+        path = Path(folder) / MANIFEST_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: run `make export` or point at an exported model folder")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"{path}: not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{path}: not a JSON object")
+        return cls.from_dict(data, str(path))
+
+    def _check_types(self, where: str) -> None:
+        expected = {"model_id": str, "model_version": str, "dim": int, "max_length": int, "vocab_size": int,
+                    "pad_id": int, "source": str, "opset": int, "output": str, "normalized": bool,
+                    "triton_repository": str}  # fmt: skip
+        wrong = [
+            f"{name} should be {kind.__name__}"
+            for name, kind in expected.items()
+            if not isinstance(getattr(self, name), kind) or (kind is int and isinstance(getattr(self, name), bool))
+        ]
+        wrong += [f"{name} should be an object" for name in ("config", "training", "parity", "precision")
+                  if not isinstance(getattr(self, name), Mapping)]  # fmt: skip
+        if wrong:
+            raise ManifestError(f"{where}: {'; '.join(wrong)}")
+        if self.dim < 1 or self.max_length < 1 or self.vocab_size < 1:
+            wrong.append("dim, max_length and vocab_size must be positive")
+        if self.matryoshka_dims and (self.matryoshka_dims[-1] != self.dim or min(self.matryoshka_dims) < 1):
+            wrong.append("matryoshka_dims must end with dim")
+        if wrong:
+            raise ManifestError(f"{where}: {'; '.join(wrong)}")
