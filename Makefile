@@ -67,8 +67,11 @@ run: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
 serve: setup
 	$(PY) -m server --model-dir $(ARTIFACTS)
 
+# The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else.
+SERVER_TIER = tests/server tests/contract tests/deploy tests/test_layers.py
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p tests.no_torch $(SERVER_TIER)
+	$(PY) -m pytest -q $(addprefix --ignore=,$(SERVER_TIER))
 
 # The README's configuration table, from the settings' own descriptions (a test checks it is current).
 readme: setup

@@ -91,11 +91,13 @@ class GatedBackend:
         batcher = server.state.resolve(model).batcher  # "" = the default model
         self._batcher = batcher
         self._open = threading.Event()
+        self.held = 0  # batches that reached the backend (and wait there until release)
         self.batch_sizes: list[int] = []
         self.row_lengths: list[int] = []
         self._real = batcher.swap_backend(self)  # last: a batch may call it at once
 
     def __call__(self, rows):  # type: ignore[no-untyped-def]
+        self.held += 1
         if not self._open.wait(30):
             raise AssertionError("the test never released the gated backend")
         self.batch_sizes.append(len(rows))

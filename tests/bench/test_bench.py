@@ -137,10 +137,14 @@ def test_ab_checkout_runs_that_variants_server_from_another_tree(tiny_artifacts:
     from loadtest.run import ROOT
 
     checkout = tmp_path / "checkout"  # another version of the code: one input per request by default
-    for package in ("server", "embedding"):
+    for package in ("contract", "server", "embedding"):
         shutil.copytree(ROOT / package, checkout / package)
     config = checkout / "server" / "config.py"
-    config.write_text(config.read_text().replace("max_client_batch_size: int = 64", "max_client_batch_size: int = 1"))
+    one_input = config.read_text().replace(
+        "max_client_batch_size: int = setting(64,", "max_client_batch_size: int = setting(1,"
+    )
+    assert one_input != config.read_text()
+    config.write_text(one_input)
     texts = tmp_path / "texts.json"
     texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
     out = tmp_path / "ab.json"

@@ -84,13 +84,12 @@ def test_cancelled_requests_are_never_computed(tiny_artifacts) -> None:
     stub = server.stub()
     try:
         blocker = stub.Embed.future(request("x"))
-        time.sleep(0.2)
+        eventually(lambda: gate.held == 1, what="the blocker's batch is held")
         doomed = [stub.Embed.future(request(f"{'long ' * 10} {i}", truncate=True)) for i in range(5)]
-        time.sleep(0.2)
-        assert server.server.batcher.queued_items == 5
+        eventually(lambda: server.server.batcher.queued_items == 5, what="five requests queued")
         for future in doomed:
             future.cancel()
-        time.sleep(0.3)  # the server sees the cancellations
+        eventually(lambda: server.server.batcher.queued_items == 0, what="the server sees the cancellations")
         gate.release()
         blocker.result()
         assert stub.Embed(request("after")).embeddings

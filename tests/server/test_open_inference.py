@@ -166,7 +166,7 @@ BAD_REQUESTS = {
     "mask shape differs": (_tokens([[2, 5, 3]], [[1, 1]]), "differ in shape"),
     "left padding": (_tokens([[0, 2, 3]], [[0, 1, 1]]), "attention_mask row 0 must be ones then zeros"),
     "empty mask row": (_tokens([[2, 3], [0, 0]], [[1, 1], [0, 0]]), "attention_mask row 1"),
-    "id outside the vocabulary": (_tokens([[2, 1000, 3]], [[1, 1, 1]]), "outside the vocabulary [0, 1000)"),
+    "id outside the vocabulary": (_tokens([[2, 100_000, 3]], [[1, 1, 1]]), "outside the vocabulary [0, "),
     "longer than the model": (_tokens([[2] * 33], [[1] * 33]), "33 positions, more than the model's limit of 32"),
     "huge shape": (_with_shape(_tokens([[2, 3]], [[1, 1]]), [2**40, 2**40]), "the contents hold 2"),
     "negative shape": (_with_shape(_text([1]), [-1]), "negative dimension"),

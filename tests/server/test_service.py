@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 
 import grpc
@@ -16,6 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from embedding.v1 import embedding_pb2
 from server.client import AsyncEmbeddingClient, EmbeddingClient
 from server.service import embeddings_message
+from server.tokenize import TextTokenizer
 from tests.conftest import (
     SENTENCES,
     GatedBackend,
@@ -209,7 +209,7 @@ def test_the_server_drops_a_request_for_its_deadline_and_never_computes_it(tiny_
     stub = server.stub()
     try:
         blocker = stub.Embed.future(request("holds the backend"))
-        time.sleep(0.2)  # the blocker's batch is running (gated); the next request waits in the queue
+        eventually(lambda: gate.held == 1, what="the blocker's batch reached the gated backend")
         with pytest.raises(grpc.RpcError) as error:
             stub.Embed(request("too slow", "for me"), timeout=0.5)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -290,9 +290,9 @@ def test_status_counters_equal_what_the_clients_saw(tiny_artifacts) -> None:
         seen["Embed", "INTERNAL"] += 1
         gate = GatedBackend(server.server)
         running = stub.Embed.future(request("first one runs"), metadata=token)
-        time.sleep(0.2)
+        eventually(lambda: gate.held == 1, what="the first batch is held")
         queued = stub.Embed.future(request("the second waits in the queue"), metadata=token)
-        time.sleep(0.2)
+        eventually(lambda: server.server.batcher.queued_items == 1, what="the second request is queued")
         call("Embed", request("a sentence that does not fit"))  # overloaded
         gate.release()
         for future in (running, queued):
@@ -305,20 +305,19 @@ def test_status_counters_equal_what_the_clients_saw(tiny_artifacts) -> None:
 
 
 def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_artifacts) -> None:
-    server = ServerThread(server_config(tiny_artifacts, max_queue_tokens=20, max_batch_size=1))
-    gate = GatedBackend(server.server)
-    tokenizer = server.server.default.tokenizer
-    stub = server.stub()
     waiting = "the second waits in the queue"
     overflow = "a sentence that does not fit"
-    queued_tokens = tokenizer.encode([waiting], False).token_counts[0]
-    overflow_tokens = tokenizer.encode([overflow], False).token_counts[0]
-    assert overflow_tokens <= 20 < queued_tokens + overflow_tokens  # fits an empty queue, not this one
+    tokenizer = TextTokenizer(tiny_artifacts / "tokenizer.json")
+    queued_tokens, overflow_tokens = tokenizer.encode([waiting, overflow], False).token_counts
+    room = max(queued_tokens, overflow_tokens)  # each fits an empty queue, not both together
+    server = ServerThread(server_config(tiny_artifacts, max_queue_tokens=room, max_batch_size=1))
+    gate = GatedBackend(server.server)
+    stub = server.stub()
     try:
         running = stub.Embed.future(request("first one runs"))
-        time.sleep(0.2)
+        eventually(lambda: gate.held == 1, what="the first batch is held")
         queued = stub.Embed.future(request(waiting))
-        time.sleep(0.2)
+        eventually(lambda: server.server.batcher.queued_items == 1, what="the second request is queued")
         assert server.server.batcher.queued_tokens == queued_tokens
         with pytest.raises(grpc.RpcError) as error:
             stub.Embed(request(overflow))
