@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -86,9 +87,9 @@ def start(kind: str, port: int, dim: int) -> subprocess.Popen[bytes]:
         app = Path(tempfile.mkdtemp()) / "fixed_granian_app.py"
         app.write_text(f"from bench.protocols import fixed_app\napp = fixed_app({dim})\n")
         command = [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port",
-                   str(port), "--workers", "1", "--log-level", "warning", "--app-dir", str(app.parent),
-                   "fixed_granian_app:app"]  # fmt: skip
-        return subprocess.Popen(command, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+                   str(port), "--workers", "1", "--log-level", "warning", "--loop", "uvloop",
+                   "--working-dir", str(app.parent), "fixed_granian_app:app"]  # fmt: skip
+        return subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{app.parent}"})
     return subprocess.Popen([sys.executable, "-m", "bench.http_stacks", "--serve", kind, "--port", str(port)], cwd=ROOT)
 
 
