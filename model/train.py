@@ -80,6 +80,9 @@ class TrainConfig:
     teacher_init: bool = True  # start the student's token embeddings from the teacher's (PCA of each token alone)
     # Nested prefixes trained to stand alone (Matryoshka): InfoNCE on each, beside the full length; () = off.
     matryoshka_dims: tuple[int, ...] = (32, 64)
+    matryoshka_weight: float = 0.5  # of each prefix's losses, against the full length's
+    # With a teacher, the similarity-matching loss on each prefix too (else on the full length only).
+    matryoshka_distill: bool = True
     # An exported reference model for the evaluation only: its own held-out row and the outside-WordNet check.
     reference_dir: str = ""
     outside_sentences: int = 3000  # standard-library docstring lines for the outside-WordNet check
@@ -339,7 +342,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
         loss = info_nce(a.float(), p.float(), config.temperature)
-        loss = loss + matryoshka_loss(a.float(), p.float(), config.matryoshka_dims, config.temperature)
+        prefixes = matryoshka_loss(a.float(), p.float(), config.matryoshka_dims, config.temperature)
+        loss = loss + config.matryoshka_weight * prefixes
         if teacher is not None:
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
             targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
@@ -348,6 +352,10 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
                 loss = loss + config.distill_weight * projection_loss(head(student), targets)
             else:
                 loss = loss + config.distill_weight * similarity_matching_loss(student, targets)
+                if config.matryoshka_distill:
+                    for d in config.matryoshka_dims:
+                        matched = similarity_matching_loss(student[:, :d], targets)
+                        loss = loss + config.distill_weight * config.matryoshka_weight * matched
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -395,6 +403,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "distill_loss": config.distill_loss if config.teacher_dir else "",
         "teacher_init": bool(config.teacher_dir and config.teacher_init),
         "matryoshka_dims": [*config.matryoshka_dims, model.d_model],  # the trained lengths, full included
+        "matryoshka_weight": config.matryoshka_weight,
+        "matryoshka_distill": config.matryoshka_distill,
         "vocab_size": tokenizer.get_vocab_size(),
         **teacher_summary,
         "outside_wordnet": outside,
@@ -492,6 +502,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=",".join(map(str, defaults.matryoshka_dims)),
         help="nested prefixes trained to stand alone, comma-separated ('' = off)",
     )
+    parser.add_argument("--matryoshka-weight", type=float, default=defaults.matryoshka_weight)
+    parser.add_argument(
+        "--matryoshka-distill",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.matryoshka_distill,
+        help="the teacher's similarity loss on each prefix too",
+    )
     parser.add_argument(
         "--vocab-size",
         type=int,
@@ -519,6 +536,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         distill_loss=args.distill_loss,
         teacher_init=not args.no_teacher_init,
         matryoshka_dims=tuple(int(d) for d in args.matryoshka_dims.split(",") if d.strip()),
+        matryoshka_weight=args.matryoshka_weight,
+        matryoshka_distill=args.matryoshka_distill,
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
     result = train(config)

@@ -6,6 +6,7 @@ Every import of a first-party package, at the top of a module or inside a functi
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def imports(path: Path) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     return {module_name(path): imports(path) for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
 

@@ -102,5 +102,7 @@ def test_the_matryoshka_loss_changes_training_when_on_and_not_when_off() -> None
     assert off.summary["matryoshka_dims"] == [32] and on.summary["matryoshka_dims"] == [16, 32]
     again = train(tiny_train_config(matryoshka_dims=()))
     assert again.losses == off.losses  # and off, training is what it was (seeded)
+    lighter = train(tiny_train_config(matryoshka_dims=(16,), matryoshka_weight=0.25))
+    assert lighter.losses != on.losses and lighter.summary["matryoshka_weight"] == 0.25  # the weight reaches the loss
     with pytest.raises(ValueError, match="matryoshka_dims"):
         tiny_train_config(matryoshka_dims=(32,))
