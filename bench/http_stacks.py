@@ -15,16 +15,14 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.protocols import ROOT, cpu_name, fixed_app
+from bench.protocols import ROOT, cpu_name, fixed_app, wait_listening
 from loadtest.run import free_port
 
 STACKS = {  # name: (packages it needs, how to serve)
@@ -91,18 +89,6 @@ def start(kind: str, port: int, dim: int) -> subprocess.Popen[bytes]:
                    "--working-dir", str(app.parent), "fixed_granian_app:app"]  # fmt: skip
         return subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{app.parent}"})
     return subprocess.Popen([sys.executable, "-m", "bench.http_stacks", "--serve", kind, "--port", str(port)], cwd=ROOT)
-
-
-def wait_listening(port: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def serving_pid(process: subprocess.Popen[bytes]) -> int:

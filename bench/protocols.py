@@ -68,20 +68,25 @@ def fixed_app(dim: int) -> Any:
     return app
 
 
+def wait_listening(port: int, timeout: float = 30) -> None:
+    """Until something accepts connections on the port (raises if nothing does within timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 @contextmanager
 def http_transport_ceiling(dim: int) -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "bench.protocols", "--serve-fixed", str(port), "--dim", str(dim)])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_listening(port)
         yield f"127.0.0.1:{port}"
     finally:
         process.terminate()
