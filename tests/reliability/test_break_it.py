@@ -185,8 +185,10 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_with
     server = ServerThread(server_config(tiny_artifacts, backend_probe_seconds=0.1))
     broken = threading.Event()
     broken.set()
+    calls = []
 
     def flaky(rows):  # type: ignore[no-untyped-def]
+        calls.append(len(rows))
         if broken.is_set():
             raise RuntimeError("device lost")
         return real(rows)
@@ -203,7 +205,7 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_with
             with pytest.raises(grpc.RpcError) as error:
                 stub.Embed(request(f"attempt {i}"))
             assert error.value.code() == grpc.StatusCode.INTERNAL
-        time.sleep(0.5)  # probes run (and fail) meanwhile
+        eventually(lambda: len(calls) >= 7, what="two probes ran (and failed) after the five requests")
         assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
         assert status("model/wordnet-encoder") == health_pb2.HealthCheckResponse.NOT_SERVING
         batches = counter(server.server.metrics.batches)

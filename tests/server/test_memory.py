@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -12,7 +11,7 @@ import pytest
 
 from embedding.v1 import embedding_pb2
 from server.memory import MEMORY_PER_BODY_BYTE, MIB, TARGET_SHARE, memory_limit, plan
-from tests.conftest import ServerThread, request, server_config
+from tests.conftest import ServerThread, eventually, request, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +87,7 @@ def test_a_call_is_refused_before_its_body_is_read_when_the_calls_in_progress_ar
         assert received == []  # its body never reached the byte budget, which sees every body read
         for ticket in held:
             server.loop.call_soon_threadsafe(ticket.release)
-        time.sleep(0.1)
+        eventually(lambda: admission.calls == 0, what="the two places released")
         assert len(stub.Embed(request("admitted"), timeout=10).embeddings) == 1
         assert len(received) == 1 and admission.calls == 0 and admission.held_bytes == 0
     finally:
