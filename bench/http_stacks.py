@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.protocols import ROOT, cpu_name, fixed_app, wait_listening
+from bench.protocols import ROOT, cpu_name, fixed_app, fixed_body, wait_listening
 from loadtest.run import free_port
 
 STACKS = {  # name: (packages it needs, how to serve)
@@ -46,25 +46,6 @@ def starlette_app(dim: int) -> Any:
         return Response(body, media_type="application/json")
 
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
-
-
-def fixed_body(dim: int) -> bytes:
-    import asyncio
-
-    sent: list[bytes] = []
-
-    async def capture() -> None:
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body":
-                sent.append(message["body"])
-
-        await fixed_app(dim)({"type": "http"}, receive, send)
-
-    asyncio.run(capture())
-    return sent[0]
 
 
 def serve(kind: str, port: int, dim: int) -> None:

@@ -43,17 +43,18 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def fixed_app(dim: int) -> Any:
-    """The HTTP transport ceiling's app: every POST answered with one fixed embedding, nothing computed."""
+def fixed_body(dim: int) -> bytes:
+    """One embedding of the model's width in OpenAI's response shape (base64), never computed."""
     vector = base64.b64encode(np.zeros(dim, dtype="<f4").tobytes()).decode()
-    body = json.dumps(
-        {
-            "object": "list",
-            "data": [{"object": "embedding", "index": 0, "embedding": vector}],
-            "model": "fixed",
-            "usage": {"prompt_tokens": 1, "total_tokens": 1},
-        }
+    data = [{"object": "embedding", "index": 0, "embedding": vector}]
+    return json.dumps(
+        {"object": "list", "data": data, "model": "fixed", "usage": {"prompt_tokens": 1, "total_tokens": 1}}
     ).encode()
+
+
+def fixed_app(dim: int) -> Any:
+    """The HTTP transport ceiling's app: every POST answered with ``fixed_body``, nothing computed."""
+    body = fixed_body(dim)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -22,8 +22,9 @@ import grpc
 import numpy as np
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from loadtest.run import ROOT, local_server, rss_bytes
+from loadtest.run import ROOT, local_server
 from loadtest.texts import load_pool
+from server.memory import rss_bytes
 
 SAMPLE_SECONDS = 10.0
 MAX_RSS_GROWTH = 0.10

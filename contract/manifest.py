@@ -15,6 +15,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+MODEL_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}  # by precision
 
 
 class ManifestError(ValueError):

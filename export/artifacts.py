@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from contract.manifest import Manifest
+from contract.manifest import MODEL_FILES, TOKENIZER_FILE, Manifest
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
 from export.torchscript import export_torchscript
@@ -14,9 +14,8 @@ from export.verify import ParityReport, precision_report, verify_artifacts
 from model.checkpoint import CHECKPOINT, load_checkpoint
 from model.tokenizer import load_tokenizer
 
-ONNX_FILE = "model.onnx"
+ONNX_FILE = MODEL_FILES["fp32"]
 TORCHSCRIPT_FILE = "model.torchscript.pt"
-TOKENIZER_FILE = "tokenizer.json"
 MODEL_ID = "wordnet-encoder"
 
 

@@ -21,10 +21,11 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
+from contract.manifest import MODEL_FILES
 from export.verify import INT8_MEAN_COSINE_BAR, row_cosines_against_fp32
 
-INT8_FILE = "model.int8.onnx"
-FP16_FILE = "model.fp16.onnx"
+INT8_FILE = MODEL_FILES["int8"]
+FP16_FILE = MODEL_FILES["fp16"]
 TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates are timed on
 
 

@@ -23,8 +23,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.memory import rss_bytes  # noqa: F401  (soak and the tests read it from here)
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

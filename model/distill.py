@@ -26,12 +26,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from contract.manifest import Manifest
+from contract.manifest import MODEL_FILES, Manifest
 
 TEACHER_PRECISION = "int8"
 TEACHER_MAX_TOKENS = 32  # the student's training truncation: both see the same text
 TEACHER_BATCH = 128
-TEACHER_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}  # the export's names (export/artifacts.py)
 
 
 def similarity_matching_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -63,7 +62,7 @@ def teacher_session(teacher_dir: Path, precision: str) -> Any:
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
-    path = teacher_dir / TEACHER_FILES[precision]
+    path = teacher_dir / MODEL_FILES[precision]
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

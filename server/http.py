@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,15 @@ from server.pipeline import Tokenized, check_count
 
 log = logging.getLogger(__name__)
 
+
+class HeadersTimedOut(InvalidInput):
+    """A request's headers did not arrive within the header timeout (HTTP only: answered 408, then closed)."""
+
+
 # The one translation table from domain errors to HTTP statuses and OpenAI error types.
 STATUS_FOR_ERROR: dict[type[EmbedError], tuple[int, str]] = {
     InvalidInput: (400, "invalid_request_error"),
+    HeadersTimedOut: (408, "invalid_request_error"),
     UnknownModel: (404, "invalid_request_error"),
     BodyTooLarge: (413, "invalid_request_error"),
     Unauthenticated: (401, "authentication_error"),
@@ -63,6 +70,7 @@ CODE_FOR_ERROR: dict[type[EmbedError], str] = {
     BodyTooLarge: "request_too_large",
     Overloaded: "overloaded",
     Unauthenticated: "invalid_api_key",
+    HeadersTimedOut: "timeout",
 }
 REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's reasons, as for gRPC
     InvalidInput: "invalid",
@@ -387,11 +395,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_timer = None
         if self.transport.is_closing():
             return
-        message = f"the request headers did not arrive within {self.header_timeout:g} s"
-        body = orjson.dumps(
-            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "timeout"}}
+        error = HeadersTimedOut(f"the request headers did not arrive within {self.header_timeout:g} s")
+        status, body = error_body(error)
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n" % (
+            status,
+            HTTPStatus(status).phrase.encode(),
         )
-        head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
         self.transport.close()
 

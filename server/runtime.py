@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from contract.manifest import MODEL_FILES
+
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
-MODEL_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
 
 
 class ModelNotFound(FileNotFoundError):

@@ -89,9 +89,10 @@ def build(
     vocab = tokenizer.get_vocab_size()
     onnx.save(encoder_graph(vocab, dim, seed), out_dir / "model.onnx")
     quantize_dynamic(out_dir / "model.onnx", out_dir / "model.int8.onnx", weight_type=QuantType.QInt8)
+    files = {name: hashlib.sha256((out_dir / name).read_bytes()).hexdigest() for name in FILES}
     Manifest(
         model_id=model_id,
-        model_version=hashlib.sha256((out_dir / "model.onnx").read_bytes()).hexdigest()[:12],  # as the export's
+        model_version=files["model.onnx"][:12],  # a digest prefix, as the export's
         config={"vocab_size": vocab, "max_len": max_len, "d_model": dim, "built_by": "tests/onnx_tiny.py"},
         dim=dim,
         max_length=max_len,
@@ -100,6 +101,6 @@ def build(
         source="tests/onnx_tiny.py",
         opset=18,
         matryoshka_dims=matryoshka_dims,
-        files={name: hashlib.sha256((out_dir / name).read_bytes()).hexdigest() for name in FILES},
+        files=files,
     ).write(out_dir)
     return out_dir

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embedding.v1 import embedding_pb2_grpc
-from loadtest.run import local_server, rss_bytes
+from loadtest.run import local_server
+from server.memory import rss_bytes
 from server.service import STREAM_WINDOW
 from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, requests_by_code, server_config
 
