@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from bench import compute_bound
 from bench.measure import (
     TRAFFIC_TEXTS,
     ModelShape,
+    load_parallel,
     load_sweep,
     matmul_peak_flops,
     median_seconds,
@@ -38,10 +40,11 @@ from bench.measure import (
     time_batches,
     traffic,
     transport_server,
+    wait_workers_ready,
 )
 from bench.report import at, targets, write_report
 from contract.manifest import MANIFEST_FILE, Manifest
-from loadtest.run import ROOT, local_server
+from loadtest.run import ROOT, free_port, local_server
 from server.batcher import BatchPolicy
 from server.config import ServerConfig
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
@@ -57,6 +60,7 @@ COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding 
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
 COMPUTE_BOUND_FLAGS = ["--intra-op-spinning", "true"]
 WORKERS = 2
+WORKER_CONNECTIONS = 4  # load-generator processes (one connection each) in the workers comparison
 
 
 def cpu_name() -> str:
@@ -122,6 +126,27 @@ def measure_held_transport(
                 reading = load_sweep(t.address, (level,), texts_file, duration, per_request, watch_pid=t.pid)[0]
             held[kind].append({**reading, "hold_ms": hold_ms})
     return held
+
+
+def measure_workers(model_dir: Path, flags: list[str], texts_file: Path, duration: float) -> dict[str, Any]:
+    """One worker against WORKERS, each loaded over WORKER_CONNECTIONS connections from as many processes:
+    the kernel hands each connection to one worker, so a single connection would load one worker only."""
+    print(f"workers: 1 against --workers {WORKERS}, {WORKER_CONNECTIONS} connections", flush=True)
+    readings: dict[str, Any] = {"n": WORKERS, "connections": WORKER_CONNECTIONS}
+    for n in (1, WORKERS):
+        metrics_port = free_port()
+        extra = [*flags, "--workers", str(n), "--metrics-port", str(metrics_port)]
+        with local_server(str(model_dir), extra) as server:
+            wait_workers_ready(metrics_port, n)
+            readings[str(n)] = {
+                "single": load_parallel(
+                    server.target, WORKER_CONNECTIONS, 128 // WORKER_CONNECTIONS, texts_file, duration
+                ),
+                "batch8": load_parallel(
+                    server.target, WORKER_CONNECTIONS, 32 // WORKER_CONNECTIONS, texts_file, duration, 8
+                ),
+            }
+    return readings
 
 
 def measure_compute_bound(
@@ -275,13 +300,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         results["server"], results["server_batch8"] = single, batch8
         results["transport_held"] = measure_held_transport(runtime.dim, texts_file, args.duration, single, batch8)
-        print(f"workers: --workers {WORKERS}", flush=True)
-        with local_server(str(args.model_dir), [*server_flags, "--workers", str(WORKERS)]) as server:
-            results["workers"] = {
-                "n": WORKERS,
-                "single": load_sweep(server.target, (128,), texts_file, args.duration)[0],
-                "batch8": load_sweep(server.target, (32,), texts_file, args.duration, 8)[0],
-            }
+        results["workers"] = measure_workers(args.model_dir, server_flags, texts_file, args.duration)
         print("3. server with --max-batch-size 1", flush=True)
         with local_server(str(args.model_dir), [*server_flags, "--max-batch-size", "1"]) as server:
             results["no_batching"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
@@ -348,7 +367,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "duration_per_level_s": args.duration,
     }
     results["bench_seconds"] = time.time() - started
+    results["command"] = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     args.out.mkdir(parents=True, exist_ok=True)
+    # The raw figures first: a report that fails to render leaves the run's readings behind.
+    (args.out / "benchmarks.json").write_text(json.dumps(results, indent=2) + "\n")
     write_report(results, args.out)
     for target, measured, bar, met in targets(results):
         label = {True: "met   ", False: "MISSED", None: "NOT MEASURED"}[met]

@@ -9,21 +9,25 @@ Writes docs/gpu/benchmarks.md (``python -m bench --provider cuda``) and docs/gpu
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from bench import compute_bound
-from bench.measure import ROOT, load_sweep
-from loadtest.run import local_server
+from bench.__main__ import cpu_name
+from bench.measure import ROOT, load_parallel, merge_counts, traffic, wait_workers_ready
+from loadtest.run import free_port, local_server
 from loadtest.texts import load_pool
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -31,6 +35,8 @@ from server.tokenize import TextTokenizer
 FP32_MAX_ABS = 1e-4
 FP16_MIN_COSINE = 0.999
 WORKERS = (1, 2, 4, 8)
+LOAD_PROCESSES = 8
+PARITY_TEXTS = 64
 
 
 def cuda_loads(model_dir: Path) -> str | None:
@@ -46,15 +52,18 @@ def cuda_loads(model_dir: Path) -> str | None:
     return None
 
 
-def parity(model_dir: Path, texts: list[str]) -> dict[str, float | bool]:
+def parity(model_dir: Path, texts: list[str]) -> dict[str, Any]:
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     ids, mask = pad_rows(tokenizer.encode(texts, truncate=True).rows, 0)
     cpu = OnnxRuntime(model_dir, RuntimeOptions(provider="cpu"), pad_id=0).run(ids, mask)
-    cuda = OnnxRuntime(model_dir, RuntimeOptions(provider="cuda"), pad_id=0).run(ids, mask)
+    cuda_runtime = OnnxRuntime(model_dir, RuntimeOptions(provider="cuda"), pad_id=0)
+    cuda = cuda_runtime.run(ids, mask)
     fp16 = OnnxRuntime(model_dir, RuntimeOptions(provider="cuda", precision="fp16"), pad_id=0).run(ids, mask)
     cosines = (fp16 * cpu).sum(1) / (np.linalg.norm(fp16, axis=1) * np.linalg.norm(cpu, axis=1))
     max_abs = float(np.abs(cuda - cpu).max())
     return {
+        "providers": cuda_runtime.providers,
+        "cuda_options": cuda_runtime.session.get_provider_options().get(CUDA, {}),
         "fp32_cuda_vs_cpu_max_abs": max_abs,
         "fp16_mean_cosine": float(cosines.mean()),
         "fp16_worst_cosine": float(cosines.min()),
@@ -62,15 +71,95 @@ def parity(model_dir: Path, texts: list[str]) -> dict[str, float | bool]:
     }
 
 
-def workers_scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str, object]]:
-    rows = []
-    for n in WORKERS:
-        flags = ["--provider", "cpu", "--workers", str(n)]
-        with local_server(str(model_dir), flags) as server:
-            single = load_sweep(server.target, (128,), texts_file, duration)[0]
-            batch8 = load_sweep(server.target, (32,), texts_file, duration, 8)[0]
-        rows.append({"workers": n, "single_128": single["texts_per_second"], "batch8_32": batch8["texts_per_second"]})
+def gpu_name() -> str:
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    name, _, driver = subprocess.run(query, capture_output=True, text=True).stdout.strip().partition(", ")
+    return f"{name} (driver {driver})" if driver else name
+
+
+def gpu_memory_mib() -> int:
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
+    )
+    return int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout.strip() else -1
+
+
+def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str, object]]:
+    """`--workers` processes sharing one GPU, loaded by LOAD_PROCESSES load generators (one connection each)."""
+    rows: list[dict[str, object]] = []
+    minilm_dir = model_dir / "bench-minilm-size"
+    configs = [(model_dir, "fp32", n) for n in WORKERS] + [(model_dir, "fp16", max(WORKERS))]
+    configs += [(minilm_dir, precision, max(WORKERS)) for precision in ("fp32", "fp16")]
+    for folder, precision, n in configs:
+        name = "trained" if folder == model_dir else "minilm_size"
+        print(f"{name} {precision} --provider cuda --workers {n}", flush=True)
+        metrics_port = free_port()
+        flags = ["--provider", "cuda", "--precision", precision, "--workers", str(n)]
+        flags += ["--metrics-port", str(metrics_port)]
+        with local_server(str(folder), flags) as server:
+            wait_workers_ready(metrics_port, n)
+            memory = gpu_memory_mib()
+            single = load_parallel(server.target, LOAD_PROCESSES, 16, texts_file, duration)
+            batch8 = load_parallel(server.target, LOAD_PROCESSES, 4, texts_file, duration, 8)
+        rows.append(
+            {
+                "model": name,
+                "precision": precision,
+                "workers": n,
+                "gpu_memory_mib": memory,
+                "single": single,
+                "batch8": batch8,
+            }
+        )
     return rows
+
+
+def errors(*readings: dict[str, Any]) -> str:
+    kinds = merge_counts(r.get("error_kinds", {}) for r in readings)
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
+
+
+def write_markdown(report: dict[str, Any], path: Path) -> None:
+    lines = [
+        "# GPU check",
+        "",
+        f"Produced by `{report['command']}` on {report['date']}: {report['gpu']}, "
+        f"{report['cpu']} ({report['cpu_cores']} cores), onnxruntime-gpu {report['onnxruntime']}. "
+        "Speed of the whole benchmark on the CUDA execution provider: `benchmarks.md` in this folder.",
+        "",
+        f"Parity on {PARITY_TEXTS} held-out WordNet texts in the benchmark's length mix, padded as one batch: "
+        f"fp32 on CUDA (TF32 off) against fp32 on the CPU, max abs <= {FP32_MAX_ABS:g} per component; "
+        f"fp16 on CUDA against fp32 on the CPU, cosine >= {FP16_MIN_COSINE}.",
+        "",
+        "| model | providers loaded | fp32 CUDA vs CPU max abs | fp16 mean cosine | fp16 worst cosine | passes |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for name, p in report.get("parity", {}).items():
+        lines.append(
+            f"| {name} | {', '.join(p['providers'])} | {p['fp32_cuda_vs_cpu_max_abs']:.2e} | "
+            f"{p['fp16_mean_cosine']:.6f} | {p['fp16_worst_cosine']:.6f} | {p['passes']} |"
+        )
+    if report.get("scaling"):
+        lines += [
+            "",
+            f"`--workers` processes sharing the GPU (SO_REUSEPORT), loaded by {LOAD_PROCESSES} load-generator "
+            "processes at once, each with its own connection (`bench.measure.load_parallel`); "
+            f"{report['duration']:g} s per reading after 1.5 s of warm-up. "
+            "GPU memory: nvidia-smi once every worker had loaded its model; "
+            "errors: calls that failed, by status.",
+            "",
+            "| model | precision | workers | GPU memory MiB | 1 text x 128 clients: texts/s | p50 ms | p99 ms "
+            "| 8 texts x 32 clients: texts/s | p50 ms | p99 ms | errors |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in report["scaling"]:
+            s, b = r["single"], r["batch8"]
+            lines.append(
+                f"| {r['model']} | {r['precision']} | {r['workers']} | {r['gpu_memory_mib']} | "
+                f"{s['texts_per_second']:.0f} | {s['p50_ms']:.2f} | {s['p99_ms']:.2f} | "
+                f"{b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | {errors(s, b)} |"
+            )
+    path.write_text("\n".join(lines) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -78,51 +167,50 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model-dir", type=Path, default=Path("artifacts"))
     parser.add_argument("--out", type=Path, default=Path("docs"))
     parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument(
+        "--steps", default="parity,bench,scaling", help="comma-separated: parity, bench (python -m bench), scaling"
+    )
     args = parser.parse_args(argv)
+    steps = set(args.steps.split(","))
     why_not = cuda_loads(args.model_dir)
     if why_not:
         print(f"gpu-check: the CUDA execution provider did not load: {why_not}", file=sys.stderr)
         raise SystemExit(3)
-    texts = load_pool().mixed(random.Random(0), 64)
     minilm_dir = args.model_dir / "bench-minilm-size"
     compute_bound.build(args.model_dir, minilm_dir)
-    report: dict[str, object] = {
-        "gpu": subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip(),
-        "cpu_cores": os.cpu_count(),
-        "parity": {"trained": parity(args.model_dir, texts), "minilm_size": parity(minilm_dir, texts)},
-    }
     out = args.out / "gpu"
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda", "--out", str(out)],
-        cwd=ROOT,
-        check=True,
+    report_file = out / "gpu-check.json"
+    report: dict[str, Any] = json.loads(report_file.read_text()) if report_file.is_file() else {}
+    report.update(
+        {
+            "date": datetime.date.today().isoformat(),
+            "gpu": gpu_name(),
+            "command": shlex.join(["python", "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)]),
+            "cpu": cpu_name(),
+            "cpu_cores": os.cpu_count(),
+            "onnxruntime": ort.__version__,
+            "duration": args.duration,
+        }
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        texts_file = Path(tmp) / "texts.json"
-        texts_file.write_text(json.dumps(load_pool().mixed(random.Random(0), 3000)))
-        report["workers"] = workers_scaling(args.model_dir, texts_file, args.duration)
-    (out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [
-        "# GPU check",
-        "",
-        f"Produced by `make gpu-check` on {report['gpu']} with {report['cpu_cores']} CPU cores. "
-        "Speed figures on the CUDA execution provider: `benchmarks.md` in this folder.",
-        "",
-        "| model | fp32 CUDA vs CPU max abs | fp16 mean cosine | fp16 worst cosine | passes |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for name, p in report["parity"].items():  # type: ignore[attr-defined]
-        lines.append(
-            f"| {name} | {p['fp32_cuda_vs_cpu_max_abs']:.2e} | {p['fp16_mean_cosine']:.5f} | "
-            f"{p['fp16_worst_cosine']:.5f} | {p['passes']} |"
-        )
-    lines += ["", "`--workers` on the CPU at saturation (texts/s):", "", "| workers | 128 x 1 text | 32 x 8 texts |"]
-    lines += ["|---:|---:|---:|"]
-    lines += [f"| {w['workers']} | {w['single_128']:.0f} | {w['batch8_32']:.0f} |" for w in report["workers"]]  # type: ignore[attr-defined]
-    (out / "gpu-check.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    if not all(p["passes"] for p in report["parity"].values()):  # type: ignore[attr-defined]
+    if "parity" in steps:
+        texts = load_pool().mixed(random.Random(0), PARITY_TEXTS)
+        report["parity"] = {"trained": parity(args.model_dir, texts), "minilm_size": parity(minilm_dir, texts)}
+        if (args.model_dir / "minilm" / "model.onnx").is_file():
+            report["parity"]["all-MiniLM-L6-v2"] = parity(args.model_dir / "minilm", texts)
+        report_file.write_text(json.dumps(report, indent=2) + "\n")
+    if "bench" in steps:
+        command = [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda"]
+        subprocess.run([*command, "--out", str(out), "--duration", str(args.duration)], cwd=ROOT, check=True)
+    if "scaling" in steps:
+        with tempfile.TemporaryDirectory() as tmp:
+            texts_file = Path(tmp) / "texts.json"
+            texts_file.write_text(json.dumps(traffic()))
+            report["scaling"] = scaling(args.model_dir, texts_file, args.duration)
+        report_file.write_text(json.dumps(report, indent=2) + "\n")
+    write_markdown(report, out / "gpu-check.md")
+    print((out / "gpu-check.md").read_text())
+    if not all(p["passes"] for p in report.get("parity", {}).values()):
         raise SystemExit(1)
 
 

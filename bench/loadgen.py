@@ -78,11 +78,13 @@ async def run(
     per_request: int = 1,
     watch_pid: int | None = None,
     protocol: str = "grpc",
-) -> dict[str, float]:
+    raw_latencies: bool = False,
+) -> dict[str, object]:
     channel = grpc.aio.insecure_channel(target)
     stub = embedding_pb2_grpc.EmbedderStub(channel)
     latencies: list[float] = []
     errors = 0
+    error_kinds: dict[str, int] = {}  # gRPC status name, or the exception's type for HTTP
     measuring = False
     stop = False
 
@@ -102,8 +104,10 @@ async def run(
                     await stub.Embed(embedding_pb2.EmbedRequest(inputs=sample, truncate=True), timeout=30)
                 if measuring:
                     latencies.append(time.perf_counter() - start)
-            except (grpc.aio.AioRpcError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+            except (grpc.aio.AioRpcError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
                 errors += 1
+                reason = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+                error_kinds[reason] = error_kinds.get(reason, 0) + 1
                 if http is not None:
                     http.streams = None
 
@@ -131,10 +135,12 @@ async def run(
         "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
         "requests": len(latencies),
         "errors": errors,
+        "error_kinds": error_kinds,
         # CPU per request (microseconds) while measuring: where the two shared cores go.
         "loadgen_cpu_us": 1e6 * own_cpu / max(1, len(latencies)),
         **{f"server_{k}_cpu_us": 1e6 * v / max(1, len(latencies)) for k, v in server_cpu.items()},
         "server_cores": sum(server_cpu.values()) / elapsed if server_cpu else float("nan"),
+        **({"latencies_ms": ms.round(3).tolist()} if raw_latencies else {}),
     }
 
 
@@ -148,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--texts-per-request", type=int, default=1)
     parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--raw-latencies", action="store_true", help="also print every latency (to merge processes)")
     args = parser.parse_args(argv)
     with open(args.texts) as f:
         texts = json.load(f)
@@ -161,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.texts_per_request,
             args.watch_pid,
             args.protocol,
+            args.raw_latencies,
         )
     )
     json.dump(result, sys.stdout)

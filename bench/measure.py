@@ -8,7 +8,8 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -226,6 +227,71 @@ def load_sweep(  # type: ignore[type-arg]
             flush=True,
         )
     return results
+
+
+def wait_workers_ready(metrics_port: int, workers: int, timeout: float = 120) -> None:
+    """Until every worker has loaded its model (its metrics list it): `local_server` waits for the first
+    SERVING answer only, and a connection the kernel hands to a worker still loading is refused (UNAVAILABLE)."""
+    end = time.monotonic() + timeout
+    waiting = set(range(workers))
+    while waiting and time.monotonic() < end:
+        for i in sorted(waiting):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + i}/metrics", timeout=1) as answer:
+                    if b"embed_model_info{" in answer.read():
+                        waiting.discard(i)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    if waiting:
+        raise TimeoutError(f"workers {sorted(waiting)} not ready within {timeout:.0f} s")
+
+
+def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for one in counts:
+        for key, n in one.items():
+            merged[key] = merged.get(key, 0) + n
+    return merged
+
+
+def load_parallel(  # type: ignore[type-arg]
+    target: str, processes: int, concurrency: int, texts_file: Path, duration: float, per_request: int = 1
+) -> dict:
+    """`processes` load generators at once, each with its own connection and `concurrency` clients.
+
+    One process holds one HTTP/2 connection, which the kernel hands to one `--workers` process and whose
+    client is itself limited to one core: where the server has more cores than that, only several
+    connections from several processes can load it. Latency percentiles are over all processes' requests.
+    """
+    command = [sys.executable, "-m", "bench.loadgen", "--target", target, "--concurrency", str(concurrency)]
+    command += ["--duration", str(duration), "--texts", str(texts_file), "--texts-per-request", str(per_request)]
+    running = [
+        subprocess.Popen([*command, "--raw-latencies"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    readings = [json.loads(p.communicate()[0]) for p in running]
+    if any(p.returncode for p in running):
+        raise RuntimeError(f"a load generator failed against {target}")
+    ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
+    merged = {
+        "processes": processes,
+        "concurrency": processes * concurrency,
+        "texts_per_request": per_request,
+        "texts_per_second": sum(r["texts_per_second"] for r in readings),
+        "requests_per_second": sum(r["requests_per_second"] for r in readings),
+        "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
+        "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
+        "errors": sum(r["errors"] for r in readings),
+        "error_kinds": merge_counts(r["error_kinds"] for r in readings),
+    }
+    print(
+        f"  {processes} x c={concurrency} x {per_request} texts: {merged['texts_per_second']:.0f} texts/s, "
+        f"p50 {merged['p50_ms']:.2f} ms, p99 {merged['p99_ms']:.2f} ms, "
+        f"errors {merged['errors']} {merged['error_kinds']}",
+        flush=True,
+    )
+    return merged
 
 
 @dataclass(frozen=True)

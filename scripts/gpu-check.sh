@@ -2,10 +2,10 @@
 # `make gpu-check`: the CUDA backend's parity and speed, on a machine with an NVIDIA GPU.
 #
 #   1. installs the CUDA 13 / cuDNN 9 libraries ONNX Runtime needs (pip extras of onnxruntime-gpu);
-#   2. export parity on the CUDA execution provider: fp32 against CPU (max abs <= 1e-4), fp16 (cosine >= 0.999),
-#      for the trained model and the MiniLM-sized configuration;
-#   3. `python -m bench --provider cuda` for both configurations -> docs/gpu/benchmarks.md, parity -> docs/gpu/gpu-check.md;
-#   4. --workers 1, 2, 4 and 8 at saturation on the CPU (the scaling a 2-core machine cannot show).
+#   2. export parity on the CUDA execution provider: fp32 (TF32 off) against CPU (max abs <= 1e-4) and fp16
+#      (cosine >= 0.999), for the trained model and the MiniLM-sized configuration;
+#   3. `python -m bench --provider cuda` -> docs/gpu/benchmarks.md;
+#   4. --workers 1, 2, 4 and 8 sharing the GPU, fp32 and fp16, loaded over 8 connections -> docs/gpu/gpu-check.md.
 #
 # Without a GPU it stops at once with a clear message and exit code 2: nothing is installed or changed.
 set -euo pipefail

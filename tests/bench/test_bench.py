@@ -286,3 +286,41 @@ def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None
     for name, measured, bar, _ in targets(results):
         assert f"| {name} | {measured} | {bar} |" in text
     assert json.loads((tmp_path / "benchmarks.json").read_text()) == results
+
+
+def test_parallel_load_generators_add_up_and_merge_their_latencies(served: ServerThread, tmp_path: Path) -> None:
+    from bench.measure import load_parallel
+
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    merged = load_parallel(served.target, 2, 3, texts, 1.0, 2)
+    assert merged["processes"] == 2 and merged["concurrency"] == 6 and merged["errors"] == 0
+    assert merged["texts_per_second"] == 2 * merged["requests_per_second"] > 0
+    assert 0 < merged["p50_ms"] <= merged["p99_ms"]
+
+
+def test_waiting_for_workers_names_the_ones_that_never_loaded() -> None:
+    from bench.measure import wait_workers_ready
+    from loadtest.run import free_port
+
+    try:
+        wait_workers_ready(free_port(), 2, timeout=0.5)
+    except TimeoutError as e:
+        assert "workers [0, 1] not ready" in str(e)
+    else:
+        raise AssertionError("no worker answers on those ports, yet the wait returned")
+
+
+def test_a_cuda_run_reports_what_it_measured_where() -> None:
+    """The GPU run's per-batch comparisons of eager, TorchScript and int8 ran on the CPU, and int8 is not
+    a CUDA build: the report must say so instead of scoring a CUDA run against CPU bars."""
+    from bench.report import targets, values
+
+    run = json.loads((ROOT / "docs" / "gpu" / "benchmarks.json").read_text())
+    rows = {t[0]: t for t in targets(run)}
+    int8 = rows["MiniLM-sized: int8 vs fp32 per batch, at mean cosine >= 0.99"]
+    assert int8[3] is None and "fp16 vs fp32 on CUDA" in int8[1]
+    assert "trained model: ONNX Runtime fp32 vs eager PyTorch per batch (on the CPU, 16 threads)" in rows
+    rendered = values(run, ROOT / "docs" / "gpu")
+    assert "one connection" in rendered["workers_table"]  # this run's workers reading had one connection
+    assert rendered["docs"] == ".."

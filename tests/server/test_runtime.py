@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,3 +51,36 @@ def test_run_flushes_denormals_on_the_thread_that_calls_it(tiny_artifacts: Path)
         return before, denormals_survive()
 
     assert on_a_new_thread(first_run_on_a_fresh_thread) == (True, False)
+
+
+def test_cuda_is_asked_for_true_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's CUDA provider defaults to TF32 matrix products: 8e-4 off the CPU's embeddings on an
+    H100, eight times the parity bar. The provider must be asked with TF32 off."""
+    from server import runtime
+
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [runtime.CUDA, runtime.CPU])
+    for option in ("auto", "cuda"):
+        assert runtime._providers_for(option) == [(runtime.CUDA, {"use_tf32": "0"}), runtime.CPU]
+    assert runtime._providers_for("cpu") == [runtime.CPU]
+
+
+def a_gpu_is_here() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return smi is not None and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not a_gpu_is_here(), reason="needs an NVIDIA GPU (nvidia-smi lists none here)")
+def test_cuda_fp32_equals_the_cpu(tiny_artifacts: Path) -> None:
+    """On a GPU machine with CUDA 13 and cuDNN 9 (`make gpu-check` installs them): the CUDA provider really
+    loads, and its fp32 embeddings are the CPU's within 1e-4."""
+    import onnxruntime as ort
+
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(4, 60, size=n) for n in (3, 17, 9, 30)]
+    ids, mask = pad_rows(rows, 0)
+    cpu = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu"), pad_id=0)
+    cuda = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cuda"), pad_id=0)
+    assert cuda.providers[0] == "CUDAExecutionProvider"
+    assert np.abs(cuda.run(ids, mask) - cpu.run(ids, mask)).max() <= 1e-4
