@@ -358,8 +358,8 @@ class EmbeddingServer:
             await model.batcher.drain(timeout=1.0)
             await model.batcher.close()
             model.pipeline.close()
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()  # type: ignore[attr-defined]
+        if self._metrics_http is not None:  # waits out its serve loop's 0.5 s poll: off the event loop
+            await asyncio.to_thread(self._metrics_http.shutdown)  # type: ignore[attr-defined]
         answered = sum(
             s.value
             for family in self.metrics.requests.collect()

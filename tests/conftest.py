@@ -157,6 +157,8 @@ def server_config(model_dir: Path, **overrides: object) -> ServerConfig:
         http_host="127.0.0.1",
         http_port=0,
         model_dir=str(model_dir),
+        # No pause on stop for load balancers that tests do not have; the drain tests set their own.
+        drain_delay_seconds=0.0,
     )
     return replace(base, **overrides)
 

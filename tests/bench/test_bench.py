@@ -282,7 +282,7 @@ def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None
     write_report(results, tmp_path)
     text = (tmp_path / "benchmarks.md").read_text()
     assert "$" not in text.replace("$ ", "")  # no placeholder left unfilled
-    assert f"- **Run**: {results['machine']['date']}, `make bench`." in text
+    assert f"- **Run**: {results['machine']['date']}, `{results['command']}`." in text
     for name, measured, bar, _ in targets(results):
         assert f"| {name} | {measured} | {bar} |" in text
     assert json.loads((tmp_path / "benchmarks.json").read_text()) == results

@@ -425,7 +425,11 @@ def test_an_unhealthy_backend_is_probed_and_recovers_without_traffic() -> None:
         broken = threading.Event()
         broken.set()
 
+        calls = 0
+
         def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+            nonlocal calls
+            calls += 1
             if broken.is_set():
                 raise RuntimeError("device lost")
             return np.ones((len(rows), 2), dtype=np.float32)
@@ -444,8 +448,11 @@ def test_an_unhealthy_backend_is_probed_and_recovers_without_traffic() -> None:
             with pytest.raises(InferenceFailed):
                 await batcher.submit([row(3)])
         assert reports == [False] and not batcher.healthy
-        await asyncio.sleep(0.2)  # probes run and fail: still unhealthy
-        assert reports == [False]
+        for _ in range(200):  # three probes run and fail: still unhealthy
+            if calls >= 5:
+                break
+            await asyncio.sleep(0.01)
+        assert calls >= 5 and reports == [False]
         broken.clear()  # the backend recovers; no request is sent
         for _ in range(100):
             if batcher.healthy:
