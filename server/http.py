@@ -4,7 +4,8 @@ app served by uvicorn (httptools' parser) on the gRPC server's own event loop.
 The only module that knows HTTP and JSON; it goes through the same admission, pipelines, batchers and
 metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors to HTTP statuses.
 
-Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /info``, ``GET /health`` (liveness: the
+Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /info``, ``POST /tokenize`` (each input's
+tokens with their character offsets, untruncated), ``GET /health`` (liveness: the
 process answers), ``GET /ready`` (readiness: 503 until every model is loaded and warm, and from the
 moment a drain starts), ``GET /openapi.json``.
 """
@@ -170,6 +171,7 @@ class HttpApi:
             ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/v1/models"): self._models,
             ("GET", "/info"): self._info_route,
+            ("POST", "/tokenize"): self._tokenize,
         }
         self._openapi = OPENAPI.read_bytes()
 
@@ -243,6 +245,23 @@ class HttpApi:
     async def _info_route(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         self.state.resolve("")
         return 200, orjson.dumps(self._info())
+
+    async def _tokenize(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
+        """TEI's `/tokenize`: what the model would read, token by token, before truncation."""
+        body, tickets = await self._read_json(scope, receive, client)
+        try:
+            model = self.state.resolve(_field(body, "model", str, "") or "")
+            scope["embed.model"] = model.name
+            inputs = body.get("inputs")
+            texts = [inputs] if isinstance(inputs, str) else inputs
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise ParamError("'inputs' must be a string or a non-empty list of strings", "inputs")
+            add_special_tokens = _field(body, "add_special_tokens", bool, True)
+        finally:
+            del body
+            for ticket in tickets:
+                ticket.release()
+        return 200, orjson.dumps(await model.pipeline.tokens(texts, add_special_tokens))
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         body, tickets = await self._read_json(scope, receive, client)

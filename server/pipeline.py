@@ -21,7 +21,7 @@ from server.backend import l2_normalize
 from server.batcher import Batcher
 from server.errors import InvalidInput
 from server.metrics import ModelMetrics
-from server.tokenize import TextTokenizer
+from server.tokenize import TextTokenizer, Token
 
 MIN_TOKENS_PER_INPUT = 2  # [CLS] and [SEP]
 INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event loop (~20 us a short text)
@@ -94,6 +94,12 @@ class Pipeline:
         self.limits = limits
         self.metrics = metrics
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
+
+    async def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[Token]]:
+        """Each text's tokens, untruncated, under the same input limits as embeddings; off the event loop."""
+        prepared = validate(texts, self.limits)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, self.tokenizer.tokens, prepared, add_special_tokens)
 
     async def tokenize(self, texts: Sequence[str], truncate: bool, client: str = "") -> Tokenized:
         """``texts`` may be the request message's own sequence: it is read, never kept whole.

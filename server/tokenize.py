@@ -37,6 +37,17 @@ class Encoded:
         return [len(r) for r in self.rows]
 
 
+@dataclass(frozen=True)
+class Token:
+    """One token as the model sees it: what `/tokenize` answers."""
+
+    id: int
+    text: str
+    special: bool  # added by the tokenizer ([CLS], [SEP]), not read from the input
+    start: int | None  # character offsets into the input, stop exclusive; None for special tokens
+    stop: int | None
+
+
 class TextTokenizer:
     def __init__(self, path: Path | str) -> None:
         self.truncating = Tokenizer.from_file(str(path))
@@ -59,6 +70,18 @@ class TextTokenizer:
         found = _LAST_WHITESPACE.search(text, max(0, self.cut_chars - CUT_WINDOW_CHARS), self.cut_chars)
         found = found or _LAST_WHITESPACE.search(text, 0, self.cut_chars)
         return text[: found.start()] if found and found.start() > 0 else text  # one giant word: keep it all
+
+    def tokens(self, texts: list[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        """Every token of each text, untruncated, with where it came from in the text."""
+        return [
+            [
+                Token(token_id, text, bool(special), None if special else start, None if special else stop)
+                for token_id, text, special, (start, stop) in zip(
+                    e.ids, e.tokens, e.special_tokens_mask, e.offsets, strict=True
+                )
+            ]
+            for e in self.counting.encode_batch(texts, add_special_tokens=add_special_tokens)
+        ]
 
     def encode(self, texts: list[str], truncate: bool, originals: Sequence[str] | None = None) -> Encoded:
         """Token id rows of ``texts``; ``originals`` are the uncut texts when ``texts`` came from ``cut``."""

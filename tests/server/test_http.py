@@ -284,3 +284,38 @@ def test_http_requests_are_counted_with_their_protocol(served_http: ServerThread
     assert registry.get_sample_value("embed_requests_total", labels) == before + 1
     refused = {**labels, "code": "400"}
     assert (registry.get_sample_value("embed_requests_total", refused) or 0.0) >= 1
+
+
+def test_tokenize_shows_each_token_where_it_came_from_and_what_embeddings_count(served_http: ServerThread) -> None:
+    texts = ["Rivers carry water", "a lung " * 40]  # the second is longer than the model's 32 tokens
+    response = post(served_http, {"inputs": texts}, path="/tokenize")
+    assert response.status_code == 200
+    tokens = response.json()
+    conforms(tokens, "Tokens")
+    assert len(tokens) == 2
+    first = tokens[0]
+    assert first[0]["special"] and first[-1]["special"] and first[0]["start"] is None  # [CLS] ... [SEP]
+    for t in first[1:-1]:  # every other token points at the characters it was read from
+        assert not t["special"] and texts[0][t["start"] : t["stop"]].lower() == t["text"].removeprefix("##")
+    assert len(tokens[1]) > 32  # untruncated: it shows how much truncation would cut
+    embedded = post(served_http, {"input": texts[0]}).json()
+    assert embedded["usage"]["prompt_tokens"] == len(first)
+    ids = [t["id"] for t in first]  # the ids are the model's own: embedding them equals embedding the text
+    by_ids = post(served_http, {"input": ids}).json()["data"][0]["embedding"]
+    assert np.allclose(by_ids, embedded["data"][0]["embedding"], atol=1e-6)
+    bare = post(served_http, {"inputs": texts[0], "add_special_tokens": False}, path="/tokenize").json()
+    assert [t["id"] for t in bare[0]] == ids[1:-1]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({}, "inputs"), ({"inputs": []}, "inputs"), ({"inputs": [1, 2]}, "inputs"), ({"inputs": ["ok", " "]}, None),
+     ({"inputs": "ok", "add_special_tokens": "yes"}, "add_special_tokens")],
+)  # fmt: skip
+def test_tokenize_refuses_bad_requests_with_openai_errors(served_http: ServerThread, body, param) -> None:  # type: ignore[no-untyped-def]
+    response = post(served_http, body, path="/tokenize")
+    assert response.status_code == 400
+    conforms(response.json(), "Error")
+    assert response.json()["error"]["param"] == param
+    assert post(served_http, {"inputs": "ok", "model": "nope"}, path="/tokenize").status_code == 404
+    assert post(served_http, {"inputs": "ok"}, token="", path="/tokenize").status_code == 401
