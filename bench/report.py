@@ -257,7 +257,7 @@ def workers_table(w: dict[str, Any], one_single: dict[str, Any], one_batch8: dic
 def pretrained_text(r: dict[str, Any]) -> str:
     pt = r.get("pretrained")
     if not pt:
-        return "Not measured in this run: `make export-pretrained` (the optional `pretrained` extra) first."
+        return "Not measured in this run: its artifacts were not there (`make export-pretrained` writes them)."
     ceiling, server = pt["ceiling"]["texts_per_second"], at(pt["server"], 32)
     readings = ", ".join(f"{x:.0f}" for x in pt["ceiling"]["readings"])
     intro = (
