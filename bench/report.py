@@ -273,10 +273,11 @@ def pretrained_text(r: dict[str, Any]) -> str:
 
 def gpu_text(r: dict[str, Any], out: Path) -> str:
     if on_cuda(r):
-        return "This file is the CUDA run of `make gpu-check`; parity and `--workers` scaling: [gpu-check.md](gpu-check.md)."
+        return "This file is a CUDA run (`make gpu-check` runs one); parity and `--workers` scaling: [gpu-check.md](gpu-check.md)."
     if (out / "gpu" / "gpu-check.md").exists():
         return (
-            "Measured by `make gpu-check` on a machine with an NVIDIA GPU: parity and `--workers` scaling in "
+            "Measured on a machine with an NVIDIA GPU (`make gpu-check`, or `python -m bench.gpu_check` where the CUDA "
+            "libraries are installed; the commands are in each file): parity and `--workers` scaling in "
             "[gpu/gpu-check.md](gpu/gpu-check.md), speed on the CUDA execution provider in [gpu/benchmarks.md](gpu/benchmarks.md)."
         )
     return (
