@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import GatedBackend, ServerThread, request, server_config
+from tests.conftest import GatedBackend, ServerThread, eventually, request, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "monitoring"
@@ -155,7 +155,11 @@ def drive_mixed_traffic(server: ServerThread) -> None:
     gate = GatedBackend(server.server)
     try:
         futures = [stub.Embed.future(request(f"queued request number {i} with several words")) for i in range(8)]
-        time.sleep(0.5)
+
+        def refused_while_one_is_held() -> bool:  # a done future before the release is a refusal
+            return gate.held >= 1 and any(f.done() for f in futures)
+
+        eventually(refused_while_one_is_held, 10, "a batch held and a request refused")
         gate.release()
         codes = []
         for f in futures:
@@ -236,9 +240,10 @@ def test_dashboard_and_alert_queries_return_data_from_a_real_prometheus(
 ) -> None:
     prometheus = Prometheus(tmp_path, monitored.server.metrics_port)
     try:
-        time.sleep(2.5)  # a couple of scrapes before the traffic, so rate() has a baseline
+        # Two scrapes before the traffic, so rate() has a baseline; then one that saw its last part.
+        assert prometheus.has_data('count_over_time(up{job="embedding"}[1m]) >= 2'), "Prometheus never scraped"
         drive_mixed_traffic(monitored)
-        time.sleep(3.5)  # scrapes and rule evaluations after it
+        assert prometheus.has_data('embed_requests_total{code="RESOURCE_EXHAUSTED"} > 0'), "the overload never scraped"
 
         empty = []
         for title, expr in dashboard_exprs():
