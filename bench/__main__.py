@@ -29,6 +29,7 @@ from bench import compute_bound
 from bench.measure import (
     TRAFFIC_TEXTS,
     ModelShape,
+    cpu_name,
     load_parallel,
     load_sweep,
     matmul_peak_flops,
@@ -42,7 +43,7 @@ from bench.measure import (
     transport_server,
     wait_workers_ready,
 )
-from bench.report import at, targets, write_report
+from bench.report import targets, write_report
 from contract.manifest import MANIFEST_FILE, Manifest
 from loadtest.run import ROOT, free_port, local_server
 from server.batcher import BatchPolicy
@@ -54,23 +55,12 @@ CONCURRENCY = (1, 8, 32, 64, 128)
 BATCH8_CONCURRENCY = (4, 16, 32)
 TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, one text per request
 TRANSPORT_BATCH8 = (16,)
-TRANSPORT_HELD_SINGLE = (32, 128)  # the transport held as long as the server takes per call
 COMPUTE_BOUND_CONCURRENCY = (32, 128)
 COMPUTE_BOUND_TEXTS = 1000  # rows for the MiniLM-sized raw ceiling and padding runs (about 10x slower per text)
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
 COMPUTE_BOUND_FLAGS = ["--intra-op-spinning", "true"]
 WORKERS = 2
 WORKER_CONNECTIONS = 4  # load-generator processes (one connection each) in the workers comparison
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def onnx_parameters(path: Path) -> int:
@@ -105,29 +95,6 @@ def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, 
         }
 
 
-def measure_held_transport(
-    dim: int, texts_file: Path, duration: float, server: list[dict[str, Any]], server_batch8: list[dict[str, Any]]
-) -> dict[str, list[dict[str, Any]]]:
-    """The transport ceiling holding each call as long as the server took per call at the same load.
-
-    gRPC alone then runs at about the server's rate with as many calls open: its CPU per request there,
-    against the ceiling's at its own saturated rate, is the part of the gap that is gRPC's, not our code's.
-    """
-    print("transport held as long as the server took per call (bench/transport.py --hold-ms)", flush=True)
-    held: dict[str, list[dict[str, Any]]] = {"single": [], "batch8": []}
-    for kind, sweep, levels, per_request in (
-        ("single", server, TRANSPORT_HELD_SINGLE, 1),
-        ("batch8", server_batch8, TRANSPORT_BATCH8, 8),
-    ):
-        for level in levels:
-            # The server's mean time per call at this load: held that long, the transport runs at its rate.
-            hold_ms = 1000 * level / at(sweep, level)["requests_per_second"]
-            with transport_server(dim, hold_ms) as t:
-                reading = load_sweep(t.address, (level,), texts_file, duration, per_request, watch_pid=t.pid)[0]
-            held[kind].append({**reading, "hold_ms": hold_ms})
-    return held
-
-
 def measure_workers(model_dir: Path, flags: list[str], texts_file: Path, duration: float) -> dict[str, Any]:
     """One worker against WORKERS, each loaded over WORKER_CONNECTIONS connections from as many processes:
     the kernel hands each connection to one worker, so a single connection would load one worker only."""
@@ -149,21 +116,25 @@ def measure_workers(model_dir: Path, flags: list[str], texts_file: Path, duratio
     return readings
 
 
+def warm_model(folder: Path, texts: list[str], policy: BatchPolicy, provider: str) -> tuple[Any, ...]:
+    """A model's manifest, tokenizer and warmed-up runtime, the rows of the first COMPUTE_BOUND_TEXTS texts
+    and the batches the batcher forms of them from a full queue."""
+    manifest = Manifest.read(folder)
+    tokenizer = TextTokenizer(folder / "tokenizer.json")
+    rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
+    runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=manifest.pad_id)
+    runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
+    return manifest, tokenizer, runtime, rows, plan_batches(rows, policy)
+
+
 def measure_compute_bound(
     model_dir: Path, texts: list[str], texts_file: Path, policy: BatchPolicy, duration: float, provider: str
 ) -> dict[str, object]:
     """The MiniLM-sized encoder: raw ceiling, server with and without batching, padding, int8."""
     print("7. MiniLM-sized configuration (d_model 384, 6 layers, 12 heads, d_ff 1536), same export code", flush=True)
     out_dir = model_dir / "bench-minilm-size"
-    manifest = compute_bound.build(model_dir, out_dir)
-    config = manifest.config
-    assert isinstance(config, dict)
-    tokenizer = TextTokenizer(out_dir / "tokenizer.json")
-    rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
-    pad_id = manifest.pad_id
-    runtime = OnnxRuntime(out_dir, RuntimeOptions(provider=provider, spinning=True), pad_id=pad_id)
-    runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
-    batches = plan_batches(rows, policy)
+    compute_bound.build(model_dir, out_dir)
+    manifest, _, runtime, rows, batches = warm_model(out_dir, texts, policy, provider)
     ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
     print(f"  raw ceiling {ceiling[0]:.0f} texts/s", flush=True)
     singles = [pad_rows([r], runtime.pad_id) for r in rows[:100]]
@@ -189,9 +160,8 @@ def measure_compute_bound(
     per_batch = onnx_per_batch(out_dir, ids, mask, provider)
     print(f"  padding {padding}; per batch {per_batch}", flush=True)
     precision = manifest.precision
-    assert isinstance(precision, dict)
     return {
-        "config": config,
+        "config": manifest.config,
         "parameters": onnx_parameters(out_dir / "model.onnx"),
         "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling, "batches": len(batches)},
         "single_text_ms": single_ms,
@@ -215,12 +185,7 @@ def measure_pretrained(
         print("8. all-MiniLM-L6-v2: not exported here (make export-pretrained); skipped", flush=True)
         return None
     print("8. all-MiniLM-L6-v2 (make export-pretrained), served unchanged", flush=True)
-    manifest = Manifest.read(folder)
-    tokenizer = TextTokenizer(folder / "tokenizer.json")
-    rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
-    runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=manifest.pad_id)
-    runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
-    batches = plan_batches(rows, policy)
+    manifest, tokenizer, runtime, rows, batches = warm_model(folder, texts, policy, provider)
     ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
     with local_server(str(folder), [*COMPUTE_BOUND_FLAGS, "--provider", provider]) as server:
         sweep = load_sweep(server.target, (32,), texts_file, duration)
@@ -299,7 +264,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                 server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8, watch_pid=server.process.pid
             )
         results["server"], results["server_batch8"] = single, batch8
-        results["transport_held"] = measure_held_transport(runtime.dim, texts_file, args.duration, single, batch8)
         results["workers"] = measure_workers(args.model_dir, server_flags, texts_file, args.duration)
         print("3. server with --max-batch-size 1", flush=True)
         with local_server(str(args.model_dir), [*server_flags, "--max-batch-size", "1"]) as server:

@@ -25,8 +25,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bench import compute_bound
-from bench.__main__ import cpu_name
-from bench.measure import ROOT, load_parallel, merge_counts, traffic, wait_workers_ready
+from bench.measure import ROOT, cpu_name, load_parallel, merge_counts, traffic, wait_workers_ready
 from loadtest.run import free_port, local_server
 from loadtest.texts import load_pool
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows

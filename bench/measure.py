@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,16 @@ from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC_TEXTS = 3000  # held-out WordNet texts in the benchmark's length mix
 SETTLE_SECONDS = 0.3  # idle before each timed block (see interleaved_medians)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 @dataclass(frozen=True)
@@ -185,6 +197,13 @@ def matmul_peak_flops(threads: int, n: int = 2048) -> float:
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats=10)
 
 
+def loadgen_command(target: str, concurrency: int, texts_file: Path, duration: float, per_request: int) -> list[str]:
+    """`python -m bench.loadgen` with these settings; callers add --protocol, --watch-pid, --raw-latencies."""
+    settings = {"target": target, "concurrency": concurrency, "duration": duration, "texts": texts_file}
+    settings["texts-per-request"] = per_request
+    return [sys.executable, "-m", "bench.loadgen", *(x for k, v in settings.items() for x in (f"--{k}", str(v)))]
+
+
 def load_sweep(  # type: ignore[type-arg]
     target: str,
     concurrencies: Sequence[int],
@@ -192,36 +211,17 @@ def load_sweep(  # type: ignore[type-arg]
     duration: float,
     per_request: int = 1,
     watch_pid: int | None = None,
+    protocol: str = "grpc",
 ) -> list[dict]:
+    """One load-generator run per concurrency level, in turn; the readings in that order."""
     results = []
-    watch = ["--watch-pid", str(watch_pid)] if watch_pid else []
+    extra = ["--protocol", protocol] + (["--watch-pid", str(watch_pid)] if watch_pid else [])
     for concurrency in concurrencies:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.loadgen",
-                "--target",
-                target,
-                "--concurrency",
-                str(concurrency),
-                "--duration",
-                str(duration),
-                "--texts",
-                str(texts_file),
-                "--texts-per-request",
-                str(per_request),
-                *watch,
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        results.append(json.loads(done.stdout))
-        last = results[-1]
+        command = loadgen_command(target, concurrency, texts_file, duration, per_request) + extra
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+        results.append(last := json.loads(done.stdout))
         print(
-            f"  c={concurrency} x {per_request} texts: {last['texts_per_second']:.0f} texts/s, "
+            f"  {protocol} c={concurrency} x {per_request} texts: {last['texts_per_second']:.0f} texts/s, "
             f"{last['requests_per_second']:.0f} requests/s, "
             f"p50 {last['p50_ms']:.2f} ms, p99 {last['p99_ms']:.2f} ms, errors {last['errors']}",
             flush=True,
@@ -264,8 +264,7 @@ def load_parallel(  # type: ignore[type-arg]
     client is itself limited to one core: where the server has more cores than that, only several
     connections from several processes can load it. Latency percentiles are over all processes' requests.
     """
-    command = [sys.executable, "-m", "bench.loadgen", "--target", target, "--concurrency", str(concurrency)]
-    command += ["--duration", str(duration), "--texts", str(texts_file), "--texts-per-request", str(per_request)]
+    command = loadgen_command(target, concurrency, texts_file, duration, per_request)
     running = [
         subprocess.Popen([*command, "--raw-latencies"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         for _ in range(processes)
@@ -300,17 +299,28 @@ class Target:
     pid: int
 
 
+def wait_listening(port: int, timeout: float = 30) -> None:
+    """Until something accepts connections on the port (raises if nothing does within timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 @contextmanager
-def transport_server(dim: int, hold_ms: float = 0.0) -> Iterator[Target]:
-    """bench/transport.py in its own process: the same proto answered with a fixed vector, no model."""
+def transport_server(dim: int, protocol: str = "grpc") -> Iterator[Target]:
+    """bench/transport.py in its own process: the same request answered with a fixed vector, no model."""
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.transport", "--port", str(port), "--dim", str(dim), "--hold-ms", str(hold_ms)],
-        cwd=ROOT,
-    )
+    command = [sys.executable, "-m", "bench.transport", "--port", str(port), "--dim", str(dim)]
+    process = subprocess.Popen([*command, "--protocol", protocol], cwd=ROOT)
     target = f"127.0.0.1:{port}"
     try:
-        wait_serving(target)
+        wait_serving(target) if protocol == "grpc" else wait_listening(port)
         yield Target(target, process.pid)
     finally:
         process.terminate()

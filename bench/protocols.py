@@ -4,107 +4,31 @@
 
 One `python -m server` serves both protocols; the same load generator (bench/loadgen.py, one process per
 load) drives each in turn, rounds interleaved so that drift hits both alike. Besides the server, the HTTP
-transport ceiling: a minimal app on the same stack (uvicorn, httptools, raw ASGI) answering a fixed
-vector of the model's width. Writes docs/benchmarks-protocols.md and reports/protocols.json.
+transport ceiling: a minimal app on the same stack (bench/transport.py --protocol http) answering a
+fixed vector of the model's width. Writes docs/benchmarks-protocols.md and reports/protocols.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
 import json
 import platform
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bench.measure import traffic
+from bench.measure import cpu_name, load_sweep, plan_batches, traffic, transport_server
 from contract.manifest import Manifest
-from loadtest.run import free_port, local_server
+from loadtest.run import local_server
+from server.batcher import BatchPolicy
+from server.runtime import OnnxRuntime, RuntimeOptions
+from server.tokenize import TextTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADS = [(1, 32), (8, 16), (1, 1)]  # (texts per request, concurrent clients)
 MINILM_LOADS = [(1, 32), (8, 16)]
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
-def fixed_body(dim: int) -> bytes:
-    """One embedding of the model's width in OpenAI's response shape (base64), never computed."""
-    vector = base64.b64encode(np.zeros(dim, dtype="<f4").tobytes()).decode()
-    data = [{"object": "embedding", "index": 0, "embedding": vector}]
-    return json.dumps(
-        {"object": "list", "data": data, "model": "fixed", "usage": {"prompt_tokens": 1, "total_tokens": 1}}
-    ).encode()
-
-
-def fixed_app(dim: int) -> Any:
-    """The HTTP transport ceiling's app: every POST answered with ``fixed_body``, nothing computed."""
-    body = fixed_body(dim)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        more = True
-        while more:
-            more = (await receive()).get("more_body", False)
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
-def wait_listening(port: int, timeout: float = 30) -> None:
-    """Until something accepts connections on the port (raises if nothing does within timeout)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-@contextmanager
-def http_transport_ceiling(dim: int) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "bench.protocols", "--serve-fixed", str(port), "--dim", str(dim)])
-    try:
-        wait_listening(port)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def load(target: str, protocol: str, per_request: int, clients: int, seconds: float, texts: Path) -> dict[str, Any]:
-    options = ["--concurrency", str(clients), "--duration", str(seconds), "--texts", str(texts)]
-    options += ["--texts-per-request", str(per_request)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--target", target, "--protocol", protocol, *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return dict(json.loads(done.stdout))
 
 
 def model_seconds(model_dir: Path, loads: list[tuple[int, int]]) -> dict[str, float]:
@@ -113,11 +37,6 @@ def model_seconds(model_dir: Path, loads: list[tuple[int, int]]) -> dict[str, fl
     A load of c clients sending k texts each forms batches of up to c x k texts; the raw rate runs the
     benchmark's texts in windows of that many, batched as the server's batcher batches a full queue.
     """
-    from bench.measure import plan_batches
-    from server.batcher import BatchPolicy
-    from server.runtime import OnnxRuntime, RuntimeOptions
-    from server.tokenize import TextTokenizer
-
     runtime = OnnxRuntime(model_dir, RuntimeOptions(), Manifest.read(model_dir).pad_id)
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     rows = tokenizer.encode([traffic(1)[0]], truncate=True).rows
@@ -148,17 +67,17 @@ def measure(
     texts.write_text(json.dumps(traffic()))
     dim = Manifest.read(model_dir).dim
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    with local_server(str(model_dir)) as server, http_transport_ceiling(dim) as ceiling:
+    with local_server(str(model_dir)) as server, transport_server(dim, "http") as ceiling:
         http_target = server.http.removeprefix("http://")
-        targets = {"grpc": server.target, "http": http_target, "http ceiling": ceiling}
+        targets = {"grpc": server.target, "http": http_target, "http ceiling": ceiling.address}
         for _ in range(rounds):
             for per_request, clients in loads:
                 key = f"{per_request}x{clients}"
                 for name, target in targets.items():
                     protocol = "grpc" if name == "grpc" else "http"
-                    result = load(target, protocol, per_request, clients, seconds, texts)
+                    print(f"{key} {name}", flush=True)
+                    result = load_sweep(target, (clients,), texts, seconds, per_request, protocol=protocol)[0]
                     results.setdefault(key, {}).setdefault(name, []).append(result)
-                    print(f"  {key} {name}: {result['texts_per_second']:.0f} texts/s, p50 {result['p50_ms']:.2f} ms")
     return {"loads": results, "model": model_seconds(model_dir, loads)}
 
 
@@ -240,15 +159,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--reports", type=Path, default=ROOT / "reports")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-protocols.md")
-    parser.add_argument("--serve-fixed", type=int, help=argparse.SUPPRESS)  # the ceiling's own process
-    parser.add_argument("--dim", type=int, default=128, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_fixed:
-        import uvicorn
-
-        uvicorn.run(fixed_app(args.dim), host="127.0.0.1", port=args.serve_fixed, http="httptools",
-                    lifespan="off", access_log=False, log_level="warning")  # fmt: skip
-        return
     run = measure(args.model_dir, args.seconds, args.rounds, args.reports, LOADS)
     minilm = None
     if args.minilm_dir:

@@ -163,69 +163,38 @@ def accounting_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     ours = path["full"]["event_loop_cpu_us"]
     tokenize = ours - path["pretokenized"]["event_loop_cpu_us"]
     one_client, transport_one = at(r["server"], 1)["p50_ms"], at(r["transport"]["single"], 1)["p50_ms"]
-    rows = [
-        (
-            "ONNX Runtime per text, on the raw ceiling's batches (cores x wall time"
-            + ("; the GPU computes, so not CPU time)" if on_cuda(r) else ")"),
-            f"{raw_cpu_us:.0f} us",
-        ),
+    loop_us = server32.get("server_main_thread_cpu_us", float("nan"))
+    cb = r["compute_bound"]
+    readings, seconds, cb_ceiling = (
+        cb["ceiling"]["readings"],
+        cb["per_batch"]["seconds"],
+        cb["ceiling"]["texts_per_second"],
+    )
+    other = next(n for n in seconds if n != "ONNX Runtime fp32")
+    return [
+        ("ONNX Runtime per text, on the raw ceiling's batches (cores x wall time"
+         + ("; the GPU computes, so not CPU time)" if on_cuda(r) else ")"), f"{raw_cpu_us:.0f} us"),
         ("the transport ceiling's server per request, 32 clients", f"{transport_cpu:.0f} CPU-us"),
         ("the server per single-text request, 32 clients", f"{server_cpu:.0f} CPU-us"),
         ("of it, costs L does not count", f"{server_cpu - transport_cpu - raw_cpu_us:.0f} CPU-us"),
-        (
-            f"what server and load generator may spend per request together at {LIMIT_BAR} L",
-            f"{budget:.0f} CPU-us (spent: {server_cpu + server32['loadgen_cpu_us']:.0f})",
-        ),
-        (
-            "our code on the event loop per request, without gRPC (`bench/request_path.py`)",
-            f"{ours:.0f} CPU-us, {tokenize:.0f} of it tokenization, {path['bare']['event_loop_cpu_us']:.0f} neither "
-            "tokenizer nor model",
-        ),
-        (
-            "one client, p50: transport ceiling, server, raw single-text inference",
-            f"{transport_one:.2f}, {one_client:.2f}, {r['single_text_ms']:.2f} ms",
-        ),
-    ]
-    loop_us = server32.get("server_main_thread_cpu_us", float("nan"))
-    rows.append(
-        (
-            "the server's event-loop thread per single-text request, 32 clients (one thread: at most 1 / that)",
-            f"{loop_us:.0f} CPU-us: at most {1e6 / loop_us:.0f} requests/s",
-        )
-    )
-    if "transport_held" in r and not on_cuda(r):  # a bound on the cores: on a GPU host the one loop binds first
-        held = at(r["transport_held"]["single"], 32)
-        bound = cores * 1e6 / (raw_cpu_us + cpu_per_request(held) + held["loadgen_cpu_us"])
-        limit = lim["1 text x 32 clients"]["limit"]
-        rows.append(
-            (
-                "a server whose own code cost nothing, paying gRPC's cost at the server's rate (held transport)",
-                f"{bound:.0f} texts/s, {bound / limit:.2f} L",
-            )
-        )
-    cb = r["compute_bound"]
-    readings, seconds = cb["ceiling"]["readings"], cb["per_batch"]["seconds"]
-    singles = cb.get("singles_per_second", 1000 / cb["single_text_ms"])
-    rows += [
-        (
-            "MiniLM-sized: raw ceiling before and after the server sweeps",
-            f"{readings[0]:.0f} and {readings[1]:.0f} texts/s (drift {1 - min(readings) / max(readings):.0%})",
-        ),
-        (
-            "MiniLM-sized: ONNX Runtime one text at a time against the batcher's batches",
-            f"{singles:.0f} against {cb['ceiling']['texts_per_second']:.0f} texts/s "
-            f"({cb['ceiling']['texts_per_second'] / singles:.2f}x: batching's most on this machine)",
-        ),
-        (
-            "MiniLM-sized: fp16 against fp32 per batch on CUDA"
-            if on_cuda(r)
-            else "MiniLM-sized: int8 against fp32 per batch",
-            f"{seconds['ONNX Runtime fp32'] / seconds[next(n for n in seconds if n != 'ONNX Runtime fp32')]:.2f}x at "
-            f"{cb['per_batch']['shape'][0]} x {cb['per_batch']['shape'][1]}"
-            + ("" if on_cuda(r) else f", mean cosine {cb['int8_cosine']['mean_cosine']:.4f}"),
-        ),
-    ]
-    return rows
+        (f"what server and load generator may spend per request together at {LIMIT_BAR} L",
+         f"{budget:.0f} CPU-us (spent: {server_cpu + server32['loadgen_cpu_us']:.0f})"),
+        ("our code on the event loop per request, without gRPC (`bench/request_path.py`)",
+         f"{ours:.0f} CPU-us, {tokenize:.0f} of it tokenization, {path['bare']['event_loop_cpu_us']:.0f} neither "
+         "tokenizer nor model"),
+        ("one client, p50: transport ceiling, server, raw single-text inference",
+         f"{transport_one:.2f}, {one_client:.2f}, {r['single_text_ms']:.2f} ms"),
+        ("the server's event-loop thread per single-text request, 32 clients (one thread: at most 1 / that)",
+         f"{loop_us:.0f} CPU-us: at most {1e6 / loop_us:.0f} requests/s"),
+        ("MiniLM-sized: raw ceiling before and after the server sweeps",
+         f"{readings[0]:.0f} and {readings[1]:.0f} texts/s (drift {1 - min(readings) / max(readings):.0%})"),
+        ("MiniLM-sized: ONNX Runtime one text at a time against the batcher's batches",
+         f"{cb['singles_per_second']:.0f} against {cb_ceiling:.0f} texts/s "
+         f"({cb_ceiling / cb['singles_per_second']:.2f}x: batching's most on this machine)"),
+        (f"MiniLM-sized: {other.removeprefix('ONNX Runtime ')} against fp32 per batch" + (" on CUDA" if on_cuda(r) else ""),
+         f"{seconds['ONNX Runtime fp32'] / seconds[other]:.2f}x at {cb['per_batch']['shape'][0]} x "
+         f"{cb['per_batch']['shape'][1]}" + ("" if on_cuda(r) else f", mean cosine {cb['int8_cosine']['mean_cosine']:.4f}")),
+    ]  # fmt: skip
 
 
 def table(header: list[str], rows: list[list[Any]], numeric_from: int = 1) -> str:
@@ -236,15 +205,14 @@ def table(header: list[str], rows: list[list[Any]], numeric_from: int = 1) -> st
 
 
 def workers_table(w: dict[str, Any], one_single: dict[str, Any], one_batch8: dict[str, Any]) -> str:
-    """1 worker against w["n"], both over w["connections"] connections; readings of one connection (the
-    single-connection sweeps, which one worker alone serves) are labelled as such."""
+    """1 worker against w["n"], both over w["connections"] connections; a run that read the workers over
+    one connection (the kernel gives it to one worker) compares one worker with one of n, and says so."""
     if "1" in w:
         pairs = [(w["1"][load], w[str(w["n"])][load]) for load in ("single", "batch8")]
         note = f"each loaded over {w['connections']} connections from as many load-generator processes"
     else:
         pairs = [(one_single, w["single"]), (one_batch8, w["batch8"])]
-        note = ("over one connection, which the kernel gives to one worker: this compares one worker with one of "
-                f"{w['n']}, not with all of them")  # fmt: skip
+        note = f"over one connection, which the kernel gives to one worker: one worker against one of {w['n']}"
     header = ["load", "1 worker: texts/s", "p99 ms", f"{w['n']} workers: texts/s", "p99 ms", "ratio"]
     rows = [
         [label, f"{one['texts_per_second']:.0f}", f"{one['p99_ms']:.1f}", f"{many['texts_per_second']:.0f}",
@@ -333,22 +301,16 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     """Every placeholder of bench/benchmarks.md.tmpl, from this run's results alone."""
     m, s, c, ceiling = r["machine"], r["settings"], r["model"]["config"], r["ceiling"]
     raw, w, pb, cb = ceiling["texts_per_second"], r["workers"], r["per_batch"], r["compute_bound"]
-    rows_cpu, rows_held = [], []
+    rows_cpu = []
     for label, kind, level in TARGET_LOADS:
         for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", server_sweep(r, kind))):
             x = at(sweep, level)
             rows_cpu.append([label, name, f"{x['texts_per_second']:.0f}"] + [
                 f"{x.get(k, float('nan')):.{d}f}" for k, d in (("server_main_thread_cpu_us", 0),
                 ("server_other_threads_cpu_us", 0), ("loadgen_cpu_us", 0), ("server_cores", 2))])  # fmt: skip
-        if "transport_held" in r:
-            held, full = at(r["transport_held"][kind], level), at(r["transport"][kind], level)
-            rows_held.append([label, f"{held['hold_ms']:.0f}", f"{held['texts_per_second']:.0f}",
-                              f"{held['server_main_thread_cpu_us']:.0f}", f"{held['server_other_threads_cpu_us']:.0f}",
-                              f"{held['loadgen_cpu_us']:.0f}", f"{cpu_per_request(held):.0f} / {cpu_per_request(full):.0f}"])  # fmt: skip
-    one_single, one_batch8 = at(r["server"], 128), at(r["server_batch8"], 32)
     errors = sum(x["errors"] for x in r["server"] + r["no_batching"] + r["server_batch8"])
-    worker_readings = [w[k][load] for k in ("1", str(w["n"])) if k in w for load in ("single", "batch8")]
-    errors += sum(x["errors"] for x in worker_readings or [w["single"], w["batch8"]])
+    errors += sum(x["errors"] for x in ([w[k][load] for k in ("1", str(w["n"])) for load in ("single", "batch8")]
+                                        if "1" in w else [w["single"], w["batch8"]]))  # fmt: skip
     errors += sum(x["errors"] for x in r["transport"]["single"] + r["transport"]["batch8"])
     eager = pb["seconds"]["eager PyTorch"]
     best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
@@ -384,15 +346,13 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
         "batch8_table": table(["clients", "texts/s", "p50 ms (request)", "p99 ms (request)", "of ceiling"],
                               sweep_rows(r["server_batch8"], None, raw), 0),
         "workers": str(w["n"]),
-        "workers_table": workers_table(w, one_single, one_batch8),
+        "workers_table": workers_table(w, at(r["server"], 128), at(r["server_batch8"], 32)),
         "limits_table": table(["load", "transport ceiling texts/s", "raw ceiling texts/s", "L texts/s",
                                "server texts/s", "server / L"],
                               [[key, f"{x['transport']:.0f}", f"{raw:.0f}", f"{x['limit']:.0f}", f"{x['server']:.0f}",
                                 f"{x['fraction']:.2f}"] for key, x in limits(r).items()]),
         "cpu_table": table(["load", "process", "texts/s", "event-loop thread", "other threads", "load generator",
                             "server cores busy"], rows_cpu, 2),
-        "held_table": table(["load", "held ms", "texts/s", "event-loop thread", "other threads", "load generator",
-                             "transport CPU-us per request: held / full speed"], rows_held) if rows_held else "Not measured in this run.",
         "errors": str(errors),
         "padding_table": table(padding_header, [[k.removeprefix("c="), f"{p['sorted']:.1%}", f"{p['fifo']:.1%}"]
                                                 for k, p in r["padding"].items()]),

@@ -1,24 +1,25 @@
-"""The transport ceiling: a minimal grpc.aio server from the same proto, with no tokenizer and no model.
+"""The transport ceilings: the same request answered with a fixed vector, with no tokenizer and no model.
 
-    python -m bench.transport --port 50061 [--dim 128] [--hold-ms 0] [--event-loop uvloop]
+    python -m bench.transport --port 50061 [--dim 128] [--protocol grpc|http]
 
-Every Embed is answered with one fixed ``dim``-float vector per input (health answers SERVING so the
-benchmark's wait works unchanged). The same load generator that measures the real server measures this
-one, in its own process: the difference is everything the real server does beyond gRPC itself. It runs
-on the server's default event loop unless told otherwise, so the loop is not part of that difference.
-
-``--hold-ms`` holds every call that long before answering, as a batching server holds its calls while
-they queue and compute: gRPC alone then runs at the server's rate with as many calls open, and its cost
-per request there can be told apart from the cost at its own, much higher, saturated rate.
+gRPC: a minimal grpc.aio server from the same proto, every Embed answered with one fixed ``dim``-float
+vector per input (health answers SERVING so the benchmark's wait works unchanged), on the server's
+default event loop, so the loop is not part of the difference. HTTP: a raw ASGI app on the server's
+stack (uvicorn with httptools, its default loop) answering every POST with one embedding in OpenAI's shape. The same
+load generator that measures the real server measures these, each in its own process: the difference
+is everything the real server does beyond the protocol itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import base64
+import json
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
@@ -27,23 +28,20 @@ from server.config import ServerConfig
 
 
 class FixedEmbedder(embedding_pb2_grpc.EmbedderServicer):
-    def __init__(self, dim: int, hold_seconds: float = 0.0) -> None:
+    def __init__(self, dim: int) -> None:
         self._vector = [1.0 / dim**0.5] * dim
-        self._hold_seconds = hold_seconds
 
     async def Embed(
         self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.EmbedResponse:
-        if self._hold_seconds:
-            await asyncio.sleep(self._hold_seconds)
         return embedding_pb2.EmbedResponse(
             embeddings=[embedding_pb2.Embedding(values=self._vector) for _ in request.inputs]
         )
 
 
-async def serve(port: int, dim: int, hold_seconds: float = 0.0) -> None:
+async def serve_grpc(port: int, dim: int) -> None:
     server = grpc.aio.server()
-    embedding_pb2_grpc.add_EmbedderServicer_to_server(FixedEmbedder(dim, hold_seconds), server)
+    embedding_pb2_grpc.add_EmbedderServicer_to_server(FixedEmbedder(dim), server)
     checks = health.aio.HealthServicer()
     await checks.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
@@ -52,14 +50,45 @@ async def serve(port: int, dim: int, hold_seconds: float = 0.0) -> None:
     await server.wait_for_termination()
 
 
+def fixed_body(dim: int) -> bytes:
+    """One embedding of the model's width in OpenAI's response shape (base64), never computed."""
+    vector = base64.b64encode(np.zeros(dim, dtype="<f4").tobytes()).decode()
+    data = [{"object": "embedding", "index": 0, "embedding": vector}]
+    usage = {"prompt_tokens": 1, "total_tokens": 1}
+    return json.dumps({"object": "list", "data": data, "model": "fixed", "usage": usage}).encode()
+
+
+def fixed_app(dim: int) -> Any:
+    """The HTTP ceiling's ASGI app: every request's body read, then ``fixed_body`` answered."""
+    body = fixed_body(dim)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--hold-ms", type=float, default=0.0, help="hold every call this long before answering")
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--event-loop", choices=list(loops.EVENT_LOOPS), default=ServerConfig().event_loop)
     args = parser.parse_args(argv)
-    loops.run(serve(args.port, args.dim, args.hold_ms / 1000), args.event_loop)
+    if args.protocol == "grpc":
+        loops.run(serve_grpc(args.port, args.dim), args.event_loop)
+        return
+    import uvicorn
+
+    uvicorn.run(fixed_app(args.dim), host="127.0.0.1", port=args.port, http="httptools", lifespan="off",
+                access_log=False, log_level="warning")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -94,65 +93,21 @@ def test_transport_ceiling_server_answers_each_input_with_a_fixed_vector(tmp_pat
     assert result["server_main_thread_cpu_us"] > 0 and result["loadgen_cpu_us"] > 0
 
 
-def test_the_held_transport_answers_each_call_only_after_holding_it() -> None:
-    import grpc
+def test_http_transport_ceiling_answers_openai_shaped_embeddings(tmp_path: Path) -> None:
+    import base64
+
+    import httpx
 
     from bench.measure import transport_server
-    from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 
-    with transport_server(dim=4, hold_ms=300) as target, grpc.insecure_channel(target.address) as channel:
-        stub = embedding_pb2_grpc.EmbedderStub(channel)
-        stub.Embed(embedding_pb2.EmbedRequest(inputs=["warm"]), timeout=10)
-        started = time.perf_counter()
-        response = stub.Embed(embedding_pb2.EmbedRequest(inputs=["a", "b"]), timeout=10)
-        held = time.perf_counter() - started
-    assert [len(e.values) for e in response.embeddings] == [4, 4]
-    assert held >= 0.3, held  # a lower bound only: holding is the behaviour, not a speed
-
-
-def test_ab_runs_alternate_the_variants_and_pass_their_flags(tiny_artifacts: Path, tmp_path: Path) -> None:
-    from bench.ab import main
-
-    texts = tmp_path / "texts.json"
-    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
-    out = tmp_path / "ab.json"
-    # The second variant refuses two-text requests: its flags must reach its server for that to show.
-    variants = ["--variant", "base=", "--variant", "one-input=--max-client-batch-size 1"]
-    run = ["--levels", "2x2", "--rounds", "2", "--duration", "0.5", "--model-dir", str(tiny_artifacts)]
-    main([*variants, *run, "--texts", str(texts), "--json", str(out)])
-    measured = json.loads(out.read_text())
-    order = [(m["round"], m["variant"], m["level"]) for m in measured]
-    assert order == [(0, "base", "2x2"), (0, "one-input", "2x2"), (1, "base", "2x2"), (1, "one-input", "2x2")]
-    for m in measured:
-        if m["variant"] == "base":
-            assert m["errors"] == 0 and m["requests"] > 0 and m["server_cpu_us"] > 0
-        else:
-            assert m["requests"] == 0 and m["errors"] > 0
-
-
-def test_ab_checkout_runs_that_variants_server_from_another_tree(tiny_artifacts: Path, tmp_path: Path) -> None:
-    import shutil
-
-    from bench.ab import main
-    from loadtest.run import ROOT
-
-    checkout = tmp_path / "checkout"  # another version of the code: one input per request by default
-    for package in ("contract", "server", "embedding"):
-        shutil.copytree(ROOT / package, checkout / package)
-    config = checkout / "server" / "config.py"
-    one_input = config.read_text().replace(
-        "max_client_batch_size: int = setting(64,", "max_client_batch_size: int = setting(1,"
-    )
-    assert one_input != config.read_text()
-    config.write_text(one_input)
-    texts = tmp_path / "texts.json"
-    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
-    out = tmp_path / "ab.json"
-    variants = ["--variant", "here=", "--variant", "there=", "--checkout", f"there={checkout}"]
-    run = ["--levels", "2x2", "--rounds", "1", "--duration", "0.5", "--model-dir", str(tiny_artifacts)]
-    main([*variants, *run, "--texts", str(texts), "--json", str(out)])
-    errors = {m["variant"]: m["errors"] for m in json.loads(out.read_text())}
-    assert errors["here"] == 0 and errors["there"] > 0
+    with transport_server(dim=8, protocol="http") as target:
+        answer = httpx.post(f"http://{target.address}/v1/embeddings", json={"input": "a"}, timeout=10)
+        texts = tmp_path / "texts.json"
+        texts.write_text(json.dumps(["one text", "another"]))
+        result = run_loadgen(target.address, texts, "--protocol", "http", "--concurrency", "2", "--duration", "0.5")
+    vector = base64.b64decode(answer.json()["data"][0]["embedding"])
+    assert answer.status_code == 200 and len(vector) == 8 * 4  # float32, the model's width
+    assert result["requests"] > 0 and result["errors"] == 0
 
 
 def test_request_path_separates_our_python_from_tokenization_and_the_model(
@@ -170,23 +125,6 @@ def test_request_path_separates_our_python_from_tokenization_and_the_model(
     assert full["tokenizer_calls"] > 0 and full["model_calls"] > 0
     assert pretokenized["tokenizer_calls"] == 0 and pretokenized["model_calls"] > 0
     assert bare["tokenizer_calls"] == 0 and bare["model_calls"] == 0
-
-
-def test_ab_arguments_are_checked() -> None:
-    import argparse
-
-    import pytest
-
-    from bench.ab import parse_levels, parse_variant
-
-    assert parse_variant("t1=--intra-op-threads 1").flags == ["--intra-op-threads", "1"]
-    assert parse_variant("base=").flags == []
-    assert [str(level) for level in parse_levels("1x1, 32x1,16x8")] == ["1x1", "32x1", "16x8"]
-    for bad in ("32", "0x1", "ax1", "32x"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_levels(bad)
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse_variant("no-equals-sign")
 
 
 def test_serial_limit_adds_the_two_costs_per_text() -> None:
