@@ -86,10 +86,20 @@ def choose_int8(seconds: dict[str, float], mean_cosines: dict[str, float], bar: 
 
 
 def export_int8(
-    model_dir: Path, num_heads: int, hidden_size: int, max_len: int, vocab_size: int = 1000, pad_id: int = 0
-) -> dict[str, object]:
+    model_dir: Path,
+    num_heads: int,
+    hidden_size: int,
+    max_len: int,
+    vocab_size: int = 1000,
+    pad_id: int = 0,
+    compare_also: dict[str, Path] | None = None,
+) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """Builds, times and compares the int8 candidates; writes the one chosen. Returns the choice's figures
+    and each row's cosine to fp32 for the kept int8 build and for every build in compare_also (fp32 runs
+    each comparison batch once for all of them)."""
     sequence = min(TIMING_SEQUENCE, max_len)
     fp32 = model_dir / "model.onnx"
+    compare_also = compare_also or {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
         candidates = {
@@ -107,17 +117,20 @@ def export_int8(
         timings = {
             name: time_model(path, sequence=sequence, vocab_size=vocab_size) for name, path in candidates.items()
         }
-        rows = row_cosines_against_fp32(fp32, list(candidates.values()), vocab_size, pad_id, max_len)
-        cosines = {name: float(r.mean()) for name, r in zip(candidates, rows, strict=True)}
+        builds = {**candidates, **compare_also}
+        compared = row_cosines_against_fp32(fp32, list(builds.values()), vocab_size, pad_id, max_len)
+        rows = dict(zip(builds, compared, strict=True))
+        cosines = {name: float(rows[name].mean()) for name in candidates}
         chosen = choose_int8(timings, cosines)
         (model_dir / INT8_FILE).write_bytes(candidates[chosen].read_bytes())
-    return {
+    choice = {
         "chosen": chosen,
         "timed_batch": [TIMING_BATCH, sequence],
         "seconds_per_batch": timings,
         "mean_cosine": cosines,
         "fp32_seconds_per_batch": time_model(fp32, sequence=sequence, vocab_size=vocab_size),
     }
+    return choice, {"int8": rows[chosen], **{name: rows[name] for name in compare_also}}
 
 
 def export_fp16(model_dir: Path) -> None:

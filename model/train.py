@@ -279,6 +279,11 @@ class TrainResult:
 
 def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
     started = time.perf_counter()
+
+    def say(what: str) -> None:  # the steps without a progress bar still say what runs, and since when
+        if config.progress:
+            print(f"train [{time.perf_counter() - started:.0f} s]: {what}", flush=True)
+
     set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -287,6 +292,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         synsets = synsets[: config.max_synsets]
     train_synsets, held_out = split_synsets(synsets, config.held_out_fraction, config.seed)
     pairs, train_corpus = training_side(train_synsets, held_out)
+    say(f"{len(pairs)} training pairs; WordPiece vocabulary of {config.vocabulary} tokens")
     tokenizer = train_tokenizer(train_corpus, config.vocabulary, config.model.max_len)
     model_config = replace(config.model, vocab_size=tokenizer.get_vocab_size(), pad_id=pad_id(tokenizer))
     pad = model_config.pad_id
@@ -366,6 +372,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             on_step(step, losses[-1])
     model.eval()
 
+    say("held-out WordNet retrieval: trained, TF-IDF and each trained prefix")
     trained = model_scores(model, tokenizer, task)
     tfidf = tfidf_scores(task, train_corpus)
     evaluation = {"untrained": asdict(untrained), "tfidf": asdict(tfidf), "trained": asdict(trained)}
@@ -376,6 +383,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
         reference = Path(config.reference_dir or config.teacher_dir)
         manifest = Manifest.read(reference)
+        say(f"the same for {manifest.model_id}, whole and cut; the outside-WordNet check")
         sizes["teacher"] = model_size(EncoderConfig(**manifest.config))
         reference_embeddings = reference_embedder(reference, manifest.max_length, cache_dir)
         evaluation["teacher"] = asdict(teacher_scores(reference_embeddings, task))
