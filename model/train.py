@@ -78,11 +78,18 @@ class TrainConfig:
     # similarity: match the in-batch cosine matrices | projection: cosine to the teacher through a linear head
     distill_loss: str = "similarity"
     teacher_init: bool = True  # start the student's token embeddings from the teacher's (PCA of each token alone)
-    # Nested prefixes trained to stand alone (Matryoshka): InfoNCE on each, beside the full length; () = off.
+    # Shortened lengths evaluated and recorded in the manifest. With matryoshka_weight > 0 each is also
+    # trained to stand alone (Matryoshka): InfoNCE on each prefix, beside the full length.
     matryoshka_dims: tuple[int, ...] = (32, 64)
-    matryoshka_weight: float = 0.5  # of each prefix's losses, against the full length's
+    # Off by default: the variance rotation below kept more at 64 components and lost nothing at full length,
+    # where prefix losses at 0.05 to 1 cost the full length up to 0.03 of recall@10 (docs/model.md).
+    matryoshka_weight: float = 0.0  # of each prefix's losses, against the full length's
     # With a teacher, the similarity-matching loss on each prefix too (else on the full length only).
     matryoshka_distill: bool = True
+    # After training, the output's axes are turned to the principal axes of training texts' embeddings: the
+    # first components then carry the most variance (a rotation: full-length cosines do not change).
+    variance_rotation: bool = True
+    rotation_texts: int = 20_000  # training texts (anchors and positives) the axes are computed from
     # An exported reference model for the evaluation only: its own held-out row and the outside-WordNet check.
     reference_dir: str = ""
     outside_sentences: int = 3000  # standard-library docstring lines for the outside-WordNet check
@@ -170,6 +177,17 @@ def embed(
         ids, mask = pad_batch([rows[i] for i in chunk], pad)
         out[chunk] = F.normalize(model(ids, mask)[:, : dims or model.d_model], dim=-1).numpy()
     return out
+
+
+def set_variance_rotation(model: Encoder, rows: Sequence[Sequence[int]], pad: int) -> None:
+    """Turns the output's axes to the principal axes of these rows' normalised embeddings, by variance."""
+    rotation = model.rotation
+    assert isinstance(rotation, torch.Tensor), "the model was built without output_rotation"
+    with torch.no_grad():
+        rotation.copy_(torch.eye(model.d_model))
+        vectors = embed(model, rows, pad)  # (N, C), in the pooled axes
+        _, _, vt = np.linalg.svd(vectors - vectors.mean(axis=0), full_matrices=False)  # vt: (C, C), rows by variance
+        rotation.copy_(torch.from_numpy(vt.T.copy()))  # pooled (B, C) @ (C, C): component k on axis k
 
 
 def matryoshka_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], temperature: float) -> torch.Tensor:
@@ -294,7 +312,12 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     pairs, train_corpus = training_side(train_synsets, held_out)
     say(f"{len(pairs)} training pairs; WordPiece vocabulary of {config.vocabulary} tokens")
     tokenizer = train_tokenizer(train_corpus, config.vocabulary, config.model.max_len)
-    model_config = replace(config.model, vocab_size=tokenizer.get_vocab_size(), pad_id=pad_id(tokenizer))
+    model_config = replace(
+        config.model,
+        vocab_size=tokenizer.get_vocab_size(),
+        pad_id=pad_id(tokenizer),
+        output_rotation=config.variance_rotation,
+    )
     pad = model_config.pad_id
 
     anchors = encode_texts(tokenizer, [p.anchor for p in pairs], config.train_max_len)
@@ -348,7 +371,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
         loss = info_nce(a.float(), p.float(), config.temperature)
-        prefixes = matryoshka_loss(a.float(), p.float(), config.matryoshka_dims, config.temperature)
+        prefix_dims = config.matryoshka_dims if config.matryoshka_weight else ()
+        prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
         loss = loss + config.matryoshka_weight * prefixes
         if teacher is not None:
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
@@ -359,7 +383,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             else:
                 loss = loss + config.distill_weight * similarity_matching_loss(student, targets)
                 if config.matryoshka_distill:
-                    for d in config.matryoshka_dims:
+                    for d in prefix_dims:
                         matched = similarity_matching_loss(student[:, :d], targets)
                         loss = loss + config.distill_weight * config.matryoshka_weight * matched
         optimizer.zero_grad(set_to_none=True)
@@ -371,6 +395,10 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         if on_step is not None:
             on_step(step, losses[-1])
     model.eval()
+    if config.variance_rotation:
+        say(f"output axes by variance over {config.rotation_texts} training texts")
+        sample = random.Random(config.seed).sample(range(len(pairs)), min(len(pairs), config.rotation_texts // 2))
+        set_variance_rotation(model, [anchors[i] for i in sample] + [positives[i] for i in sample], pad)
 
     say("held-out WordNet retrieval: trained, TF-IDF and each trained prefix")
     trained = model_scores(model, tokenizer, task)
@@ -413,6 +441,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "matryoshka_dims": [*config.matryoshka_dims, model.d_model],  # the trained lengths, full included
         "matryoshka_weight": config.matryoshka_weight,
         "matryoshka_distill": config.matryoshka_distill,
+        "variance_rotation": config.variance_rotation,
         "vocab_size": tokenizer.get_vocab_size(),
         **teacher_summary,
         "outside_wordnet": outside,
@@ -518,6 +547,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the teacher's similarity loss on each prefix too",
     )
     parser.add_argument(
+        "--variance-rotation",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.variance_rotation,
+        help="after training, order the output's components by variance (full-length cosines unchanged)",
+    )
+    parser.add_argument(
         "--vocab-size",
         type=int,
         help=f"WordPiece tokens; default {DISTILLED.vocab_size} when distilling with teacher init, "
@@ -546,6 +581,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         matryoshka_dims=tuple(int(d) for d in args.matryoshka_dims.split(",") if d.strip()),
         matryoshka_weight=args.matryoshka_weight,
         matryoshka_distill=args.matryoshka_distill,
+        variance_rotation=args.variance_rotation,
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
     result = train(config)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,9 @@ class EncoderConfig:
     embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
     activation: str = "relu"  # feed-forward non-linearity: relu (paper) | gelu (exact, erf-based, BERT)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper); BERT does not
+    # A fixed orthogonal (C, C) map after pooling, set after training (model/train.py: components ordered by
+    # variance, so that a prefix keeps the most); cosines between full-length embeddings do not change.
+    output_rotation: bool = False
 
     def __post_init__(self) -> None:
         assert self.d_model % self.n_heads == 0, "d_model must be divisible by n_heads"
@@ -191,7 +195,11 @@ def masked_mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
 
 
 class Encoder(nn.Module):
-    """Token embedding * sqrt(C) + positions (+ type 0) (-> LN) -> N encoder layers -> (final LN) -> mean pool."""
+    """Token embedding * sqrt(C) + positions (+ type 0) (-> LN) -> N encoder layers -> (final LN) -> mean pool
+    (-> fixed rotation)."""
+
+    if TYPE_CHECKING:  # for mypy only: TorchScript types the registered buffer itself
+        rotation: Tensor | None
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -214,6 +222,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.n_layers)])
         # Pre-LN leaves the residual stream un-normalised after the last layer; post-LN already ends in LN.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        self.register_buffer("rotation", torch.eye(config.d_model) if config.output_rotation else None)
         self.apply(self._init_weights)
 
     @staticmethod
@@ -245,4 +254,8 @@ class Encoder(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """input_ids, attention_mask: int64 (B, T) -> embeddings (B, C), not normalised."""
-        return masked_mean_pool(self.token_states(input_ids, attention_mask), attention_mask)
+        pooled = masked_mean_pool(self.token_states(input_ids, attention_mask), attention_mask)  # (B, C)
+        rotation = self.rotation  # a local: TorchScript narrows an Optional only there
+        if rotation is not None:
+            pooled = pooled @ rotation  # (B, C) @ (C, C): the same vectors in variance-ordered axes
+        return pooled

@@ -97,12 +97,33 @@ def test_the_matryoshka_loss_changes_training_when_on_and_not_when_off() -> None
     prefix = float(matryoshka_loss(a, b, (16,), 0.05))
     assert prefix == pytest.approx(float(info_nce(a[:, :16], b[:, :16], 0.05)))
     off = train(tiny_train_config(matryoshka_dims=()))
-    on = train(tiny_train_config(matryoshka_dims=(16,)))
+    on = train(tiny_train_config(matryoshka_dims=(16,), matryoshka_weight=0.5))
     assert off.losses != on.losses  # the prefix loss is in the gradient
     assert off.summary["matryoshka_dims"] == [32] and on.summary["matryoshka_dims"] == [16, 32]
     again = train(tiny_train_config(matryoshka_dims=()))
     assert again.losses == off.losses  # and off, training is what it was (seeded)
+    weightless = train(tiny_train_config(matryoshka_dims=(16,), matryoshka_weight=0.0))  # the default weight
+    assert weightless.losses == off.losses and weightless.summary["matryoshka_dims"] == [16, 32]  # evaluated only
     lighter = train(tiny_train_config(matryoshka_dims=(16,), matryoshka_weight=0.25))
     assert lighter.losses != on.losses and lighter.summary["matryoshka_weight"] == 0.25  # the weight reaches the loss
     with pytest.raises(ValueError, match="matryoshka_dims"):
         tiny_train_config(matryoshka_dims=(32,))
+
+
+def test_the_variance_rotation_orders_the_axes_and_keeps_full_length_cosines() -> None:
+    from model.train import embed, set_variance_rotation
+    from model.transformer import Encoder, EncoderConfig
+
+    torch.manual_seed(0)
+    model = Encoder(EncoderConfig(vocab_size=50, max_len=16, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                  dropout=0.0, output_rotation=True)).eval()  # fmt: skip
+    rows = [list(np.random.default_rng(i).integers(1, 50, size=2 + i % 9)) for i in range(300)]
+    before = embed(model, rows, pad=0)
+    set_variance_rotation(model, rows, pad=0)
+    after = embed(model, rows, pad=0)
+    rotation = model.rotation.numpy()  # type: ignore[union-attr]
+    assert np.allclose(rotation @ rotation.T, np.eye(16), atol=1e-5)  # orthogonal
+    assert np.allclose(after @ after.T, before @ before.T, atol=1e-5)  # every full-length cosine kept
+    variance = after.var(axis=0)
+    assert np.all(np.diff(variance) <= 1e-7) and variance[0] > 2 * variance[-1]  # first axes carry the most
+    assert not np.allclose(after, before, atol=1e-3)  # and it did turn them
