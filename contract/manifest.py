@@ -37,7 +37,7 @@ class Manifest:
     inputs: tuple[str, ...] = ("input_ids", "attention_mask")  # int64 [batch, sequence]
     output: str = "embeddings"  # float32 [batch, dim], mean-pooled
     normalized: bool = False  # whether the output rows are unit length (the server normalises on request)
-    matryoshka_dims: tuple[int, ...] = ()  # lengths trained to stand alone, the full width last; () = (dim,)
+    matryoshka_dims: tuple[int, ...] = ()  # lengths built and measured to stand alone, full width last; () = (dim,)
     files: Mapping[str, str] = field(default_factory=dict)  # file name -> sha256
     training: Mapping[str, Any] = field(default_factory=dict)  # the training summary
     parity: Mapping[str, Any] = field(default_factory=dict)  # eager / TorchScript / ONNX Runtime figures

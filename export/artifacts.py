@@ -82,7 +82,7 @@ def export_all(
         inputs=tuple(INPUT_NAMES),
         output=OUTPUT_NAME,
         normalized=False,
-        # Embedding lengths trained to stand alone (Matryoshka prefixes and the full width).
+        # Embedding lengths built and measured to stand alone (shortened lengths and the full width).
         matryoshka_dims=tuple(summary.get("matryoshka_dims", [model.config.d_model])),  # type: ignore[arg-type]
         files={name: sha256(model_dir / name) for name in files},
         training=summary,

@@ -33,7 +33,7 @@ class ModelInfo:
     precision: str
     version: str
     max_batch_tokens: int  # this model's: --max-batch-tokens, lowered to run within --max-batch-seconds
-    trained_dimensions: tuple[int, ...]  # lengths trained to stand alone (the manifest's matryoshka_dims)
+    trained_dimensions: tuple[int, ...]  # lengths built and measured to stand alone (the manifest's matryoshka_dims)
 
 
 @dataclass
