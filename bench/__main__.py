@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -116,15 +116,22 @@ def measure_workers(model_dir: Path, flags: list[str], texts_file: Path, duratio
     return readings
 
 
-def warm_model(folder: Path, texts: list[str], policy: BatchPolicy, provider: str) -> tuple[Any, ...]:
-    """A model's manifest, tokenizer and warmed-up runtime, the rows of the first COMPUTE_BOUND_TEXTS texts
-    and the batches the batcher forms of them from a full queue."""
+class WarmModel(NamedTuple):
+    manifest: Manifest
+    tokenizer: TextTokenizer
+    runtime: OnnxRuntime
+    rows: list[np.ndarray]  # the first COMPUTE_BOUND_TEXTS texts
+    batches: list[list[np.ndarray]]  # as the batcher forms them from a full queue
+
+
+def warm_model(folder: Path, texts: list[str], policy: BatchPolicy, provider: str) -> WarmModel:
+    """A model's manifest, tokenizer and warmed-up runtime, its rows of the benchmark's texts and batches."""
     manifest = Manifest.read(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json")
     rows = tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS], truncate=True).rows
     runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=manifest.pad_id)
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
-    return manifest, tokenizer, runtime, rows, plan_batches(rows, policy)
+    return WarmModel(manifest, tokenizer, runtime, rows, plan_batches(rows, policy))
 
 
 def measure_compute_bound(

@@ -356,6 +356,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     batches: list[list[int]] = []
     losses: list[float] = []
     model.train()
+    prefix_dims = config.matryoshka_dims if config.matryoshka_weight else ()  # evaluated either way
     bar = tqdm(range(config.train_steps), desc="train", disable=not config.progress, unit="step", mininterval=1.0)
     for step in bar:
         if not batches:  # a new epoch: reshuffle into synset-distinct batches
@@ -371,7 +372,6 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
         loss = info_nce(a.float(), p.float(), config.temperature)
-        prefix_dims = config.matryoshka_dims if config.matryoshka_weight else ()
         prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
         loss = loss + config.matryoshka_weight * prefixes
         if teacher is not None:

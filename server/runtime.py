@@ -139,7 +139,7 @@ class OnnxRuntime:
         self.provider = self.providers[0]
         if options.provider == "cuda" and self.provider != CUDA:
             raise RuntimeError("--provider cuda asked, but the CUDA execution provider did not load (CUDA 13, cuDNN 9)")
-        if len(wanted) > 1 and self.provider != CUDA:
+        if wanted != [CPU] and self.provider != CUDA:  # CUDA was asked for (auto) and did not load
             log.info("CUDA execution provider unavailable here; running on %s", self.provider)
         self.pad_id = pad_id
         self.precision = options.precision
