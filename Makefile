@@ -67,11 +67,13 @@ run: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
 serve: setup
 	$(PY) -m server --model-dir $(ARTIFACTS)
 
-# The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else.
+# The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else;
+# each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well).
 SERVER_TIER = tests/server tests/contract tests/deploy tests/test_layers.py
+TEST_PROCESSES ?= 2
 test: setup
-	$(PY) -m pytest -q -p tests.no_torch $(SERVER_TIER)
-	$(PY) -m pytest -q $(addprefix --ignore=,$(SERVER_TIER))
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) -p tests.no_torch $(SERVER_TIER)
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) $(addprefix --ignore=,$(SERVER_TIER))
 
 # The README's configuration table, from the settings' own descriptions (a test checks it is current).
 readme: setup

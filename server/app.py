@@ -31,7 +31,7 @@ from server.auth import BearerTokenInterceptor, server_credentials
 from server.backend import OnnxBackend
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig, parse_config
-from server.http import HttpApi, with_header_timeout
+from server.http import HttpApi, protocol_class
 from server.metrics import Metrics
 from server.models import VERSION, LoadedModel, ServedModel, ServingState, load_model
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
@@ -159,7 +159,7 @@ class EmbeddingServer:
             uvicorn.Config(
                 self.http_api,
                 loop="none",  # this loop: the gRPC server's
-                http=with_header_timeout(config.http_header_timeout_seconds),
+                http=protocol_class(config.http_header_timeout_seconds),
                 lifespan="off",
                 access_log=False,
                 log_level="warning",
@@ -345,6 +345,9 @@ class EmbeddingServer:
         deadline = time.monotonic() + grace
         stopping = asyncio.create_task(self.grpc_server.stop(grace))
         if self.http_server is not None:  # stops accepting; requests in progress get the same grace
+            for listener in self.http_server.servers:
+                listener.close()
+            await asyncio.sleep(0.01)  # a turn of the loop reads what reached the sockets: those requests are served
             http_stopping = asyncio.create_task(self.http_server.shutdown())
         while self.state.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

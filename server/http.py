@@ -181,7 +181,7 @@ class HttpApi:
         method, path = scope["method"], scope["path"]
         if path in ("/health", "/ready", "/openapi.json") and method == "GET":
             status, body = self._open_route(path)
-            await _respond(send, status, body)
+            await _respond(send, status, body, self.state.draining)
             return
         route = self._routes.get((method, path))
         started = time.perf_counter()
@@ -223,7 +223,7 @@ class HttpApi:
             self.metrics.request_duration.labels("http", f"{method} {path}", model).observe(
                 time.perf_counter() - started
             )
-        await _respond(send, status, body)
+        await _respond(send, status, body, self.state.draining)
 
     # ---- routes -----------------------------------------------------------------------------
     def _open_route(self, path: str) -> tuple[int, bytes]:
@@ -365,25 +365,32 @@ def _internal(error: Exception, path: str) -> Internal:
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 
-async def _respond(send: Any, status: int, body: bytes) -> None:
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [*JSON, (b"content-length", b"%d" % len(body))]}
-    )
+async def _respond(send: Any, status: int, body: bytes, draining: bool) -> None:
+    headers = [*JSON, (b"content-length", b"%d" % len(body))]
+    if draining:  # the client's next request opens a new connection, to a server still in rotation
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request's headers.
+class ServingProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on each request's headers, and a drain that answers
+    every request whose first bytes have arrived.
 
     uvicorn bounds only the idle time between requests: a client that connects and sends its headers a
     byte at a time, or nothing, would hold its connection and socket forever (slowloris). The clock
     starts when the connection opens or a request's first byte arrives, and stops when its headers are
     complete; the body has its own timeout (``HttpApi.body_timeout``). Late headers get 408 and the
     connection is closed.
+
+    uvicorn's shutdown closes every connection without a request whose headers are complete: a request
+    half-received at that moment would be lost. Here it is served, and then the connection closes.
     """
 
-    header_timeout = 10.0  # seconds; set per server by ``with_header_timeout``
+    header_timeout = 10.0  # seconds; set per server by ``protocol_class``
     _header_timer: asyncio.TimerHandle | None = None
+    _receiving_headers = False
+    _close_after_request = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -391,12 +398,22 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._receiving_headers = True
         if self._header_timer is None:  # a new request on a kept-alive connection
             self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        self._receiving_headers = False
         super().on_headers_complete()
+        if self._close_after_request and self.cycle is not None:
+            self.cycle.keep_alive = False
+
+    def shutdown(self) -> None:
+        if self._receiving_headers:
+            self._close_after_request = True  # the header timeout still bounds how long this can take
+        else:
+            super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -424,9 +441,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def with_header_timeout(seconds: float) -> type[HeaderTimeoutProtocol]:
+def protocol_class(header_timeout: float) -> type[ServingProtocol]:
     """The protocol class uvicorn instantiates per connection, with this server's header timeout."""
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})
+    return type("ServingProtocol", (ServingProtocol,), {"header_timeout": header_timeout})
 
 
 def openapi_document() -> dict[str, Any]:

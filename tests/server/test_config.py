@@ -97,11 +97,13 @@ def test_intra_op_spinning_reaches_the_onnx_runtime_session(tiny_artifacts: Path
     assert ServerConfig().intra_op_spinning is False  # the default: leave the cores to the event loop
 
 
-def test_the_server_runs_on_the_event_loop_it_is_given_uvloop_by_default() -> None:
+@pytest.mark.parametrize(
+    ("args", "loop"), [([], "uvloop"), (["--event-loop", "asyncio"], "asyncio"), (["--event-loop", "uvloop"], "uvloop")]
+)
+def test_the_server_runs_on_the_event_loop_it_is_given_uvloop_by_default(args: list[str], loop: str) -> None:
     """The startup log names the loop really running, before the (missing) model stops the server."""
-    for args, loop in ([], "uvloop"), (["--event-loop", "asyncio"], "asyncio"), (["--event-loop", "uvloop"], "uvloop"):
-        code, output = serve_exits(args, {})
-        assert code == 2 and f"event loop {loop}; loading model" in output, output[-2000:]
+    code, output = serve_exits(args, {})
+    assert code == 2 and f"event loop {loop}; loading model" in output, output[-2000:]
 
 
 def test_an_unknown_event_loop_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from server.http import openapi_document
-from tests.conftest import ServerThread, request, server_config
+from tests.conftest import ServerThread, eventually, request, server_config
 
 TOKEN = "s3cret-http"
 SCHEMAS = openapi_document()
@@ -269,6 +269,39 @@ def test_readiness_is_503_until_loaded_and_from_the_drain(tiny_artifacts: Path) 
             time.sleep(0.02)
         assert httpx.get(url + "/ready").json() == {"status": "draining"}
         assert httpx.post(url + "/v1/embeddings", json={"input": "x"}).status_code == 200  # still served
+        stopping.result(30)
+    finally:
+        server.loop.call_soon_threadsafe(server.loop.stop)
+
+
+def test_the_drain_closes_kept_alive_connections_and_serves_a_request_half_received_when_it_ends(
+    tiny_artifacts: Path,
+) -> None:
+    server = ServerThread(server_config(tiny_artifacts, drain_delay_seconds=0.3))
+    port = server.server.http_port
+    body = json.dumps({"input": "sent in two parts"}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # half the headers, before the drain
+            stopping = asyncio.run_coroutine_threadsafe(server.server.stop(5.0), server.loop)
+            eventually(lambda: server.server.state.draining, what="the drain")
+            during = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "x"})
+            # Served, and the client is told not to send on this connection again: its next request opens
+            # a new one while the server is still in rotation, instead of racing the close at the drain's end.
+            assert during.status_code == 200 and during.headers["connection"] == "close", during.headers
+
+            def refused() -> bool:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except ConnectionRefusedError:
+                    return True
+                return False
+
+            eventually(refused, what="the HTTP listener closed at the end of the drain delay")
+            sock.sendall(b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            answer = read_response(sock)
+            assert answer.startswith("HTTP/1.1 200") and '"embedding"' in answer, answer[:300]
+            assert sock.recv(1) == b""  # then closed
         stopping.result(30)
     finally:
         server.loop.call_soon_threadsafe(server.loop.stop)
