@@ -35,7 +35,7 @@ class ServerConfig:
     http_header_timeout_seconds: float = setting(
         10.0, "request headers that take longer to arrive get 408 and the connection is closed"
     )
-    http_body_timeout_seconds: float = setting(10.0, "a request body that takes longer to arrive gets 400")
+    http_body_timeout_seconds: float = setting(10.0, "a request body that takes longer to arrive in full gets 400")
     auto_truncate: bool = setting(
         True, "HTTP: inputs over the model's max length are cut unless the request says `truncate: false`"
     )

@@ -327,19 +327,22 @@ class HttpApi:
             tickets.append(self.admission.receive(length))
             chunks, got = [], 0
             more = True
-            while more:
-                try:
-                    message = await asyncio.wait_for(receive(), self.body_timeout)
-                except TimeoutError:
-                    raise ParamError(f"the body did not arrive within {self.body_timeout:g} s", "body") from None
-                if message["type"] == "http.disconnect":
-                    raise Cancelled("the client went away")
-                chunk = message.get("body", b"")
-                got += len(chunk)
-                if got > length:
-                    raise ParamError("the body is longer than its Content-Length", "body")
-                chunks.append(chunk)
-                more = message.get("more_body", False)
+            try:
+                # One deadline for the whole body, so a trickle of bytes cannot hold its place; and no task
+                # per request, as asyncio.wait_for would make.
+                async with asyncio.timeout(self.body_timeout):
+                    while more:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            raise Cancelled("the client went away")
+                        chunk = message.get("body", b"")
+                        got += len(chunk)
+                        if got > length:
+                            raise ParamError("the body is longer than its Content-Length", "body")
+                        chunks.append(chunk)
+                        more = message.get("more_body", False)
+            except TimeoutError:
+                raise ParamError(f"the body did not arrive within {self.body_timeout:g} s", "body") from None
             try:
                 body = orjson.loads(b"".join(chunks))
             except orjson.JSONDecodeError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import subprocess
 import time
@@ -186,6 +187,26 @@ def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
         assert answer.startswith("HTTP/1.1 400") and "did not arrive within 0.5 s" in answer, answer
         assert time.monotonic() - started < 5
         assert server.server.admission.calls == 0 and server.server.admission.held_bytes == 0  # all released
+    finally:
+        server.stop()
+
+
+def test_a_body_trickling_in_times_out_as_a_whole(tiny_artifacts: Path) -> None:
+    """The body timeout bounds the whole body: a byte every 0.1 s never waits 0.5 s for one chunk."""
+    server = ServerThread(server_config(tiny_artifacts, http_body_timeout_seconds=0.5))
+    body = json.dumps({"input": "a body sent one byte at a time"}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+            started = time.monotonic()
+            for byte in body:  # until the server answers
+                if select.select([sock], [], [], 0.1)[0]:
+                    break
+                sock.sendall(bytes([byte]))
+            answer = read_response(sock)
+        assert answer.startswith("HTTP/1.1 400") and "did not arrive within 0.5 s" in answer, answer
+        assert time.monotonic() - started < 0.1 * len(body) / 2  # long before the last byte would have gone
+        assert server.server.admission.calls == 0 and server.server.admission.held_bytes == 0
     finally:
         server.stop()
 
