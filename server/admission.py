@@ -40,15 +40,12 @@ class Ticket:
 
 
 class Admission:
-    def __init__(
-        self, max_bytes: int, max_calls: int, on_change: Callable[[int, int], None] = lambda b, c: None
-    ) -> None:
+    def __init__(self, max_bytes: int, max_calls: int) -> None:
         self.max_bytes = max_bytes
         self.max_calls = max_calls
         self.held_bytes = 0
         self.calls = 0
         self._calls_by_client: dict[str, int] = {}
-        self._on_change = on_change  # (held bytes, calls): the gauges
 
     def resize(self, max_bytes: int, max_calls: int) -> None:
         assert max_bytes >= 1 and max_calls >= 1
@@ -66,7 +63,6 @@ class Admission:
             )
         self.calls += 1
         self._calls_by_client[client] = held + 1
-        self._on_change(self.held_bytes, self.calls)
 
         def leave() -> None:
             self.calls -= 1
@@ -75,7 +71,6 @@ class Admission:
                 self._calls_by_client[client] = left
             else:
                 del self._calls_by_client[client]
-            self._on_change(self.held_bytes, self.calls)
 
         return Ticket(leave)
 
@@ -90,10 +85,8 @@ class Admission:
                 f"held, this one has {nbytes}{kept}); retry later"
             )
         self.held_bytes += nbytes
-        self._on_change(self.held_bytes, self.calls)
 
         def give_back() -> None:
             self.held_bytes -= nbytes
-            self._on_change(self.held_bytes, self.calls)
 
         return Ticket(give_back)

@@ -65,7 +65,11 @@ class EmbeddingServer:
             protected = (f"/{SERVICE_NAME}/", f"/{INFERENCE_SERVICE_NAME}/")
             interceptors.append(BearerTokenInterceptor(token, protected, status_for, self._unauthenticated))
         # Until the models are loaded and the memory plan is made, one largest message (nothing is served yet).
-        self.admission = Admission(config.max_message_bytes, 1, self._admission_changed)
+        self.admission = Admission(config.max_message_bytes, 1)
+        # Read when scraped, not set on every request: the counts live in the state and the admission.
+        self.metrics.in_flight.set_function(lambda: self.state.in_flight)
+        self.metrics.request_bytes.set_function(lambda: self.admission.held_bytes)
+        self.metrics.request_calls.set_function(lambda: self.admission.calls)
         self.memory_plan: memory.MemoryPlan | None = None
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
@@ -175,10 +179,6 @@ class EmbeddingServer:
         await server.on_tick(0)  # the default headers (date); no main loop runs: stop() shuts it down
         self.http_server, self._http_socket = server, sock
         self.http_port = int(sock.getsockname()[1])
-
-    def _admission_changed(self, held_bytes: int, calls: int) -> None:
-        self.metrics.request_bytes.set(held_bytes)
-        self.metrics.request_calls.set(calls)
 
     def _unauthenticated(self, method: str) -> None:
         """A call the bearer-token check refused: counted like any other answer the client got."""

@@ -203,7 +203,6 @@ class HttpApi:
             )
         else:
             self.state.in_flight += 1
-            self.metrics.in_flight.inc()
             try:
                 self._authorize(scope)
                 host, port = scope.get("client") or ("?", 0)
@@ -217,7 +216,6 @@ class HttpApi:
                 status, body = error_body(domain)
             finally:
                 self.state.in_flight -= 1
-                self.metrics.in_flight.dec()
             model = scope.get("embed.model", "")
             self.metrics.requests.labels("http", f"{method} {path}", str(status), model).inc()
             self.metrics.request_duration.labels("http", f"{method} {path}", model).observe(

@@ -230,7 +230,6 @@ class RpcAccounting:
         """Counts the RPC with the code the handler records (OK unless it says otherwise)."""
         call = Call()
         started = time.perf_counter()
-        self.metrics.in_flight.inc()
         self.state.in_flight += 1
         try:
             yield call
@@ -246,7 +245,6 @@ class RpcAccounting:
             raise
         finally:
             self.state.in_flight -= 1
-            self.metrics.in_flight.dec()
             self.metrics.requests.labels("grpc", method, call.code.name, call.model).inc()
             self.metrics.request_duration.labels("grpc", method, call.model).observe(time.perf_counter() - started)
 

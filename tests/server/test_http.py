@@ -191,6 +191,24 @@ def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
         server.stop()
 
 
+def test_the_gauges_show_what_a_request_holds_while_its_body_arrives(served_http: ServerThread) -> None:
+    registry = served_http.server.metrics.registry
+
+    def gauges() -> tuple[float | None, ...]:
+        names = ("embed_requests_in_flight", "embed_request_calls", "embed_request_bytes")
+        return tuple(registry.get_sample_value(name) for name in names)
+
+    body = json.dumps({"input": "held while it arrives"}).encode()
+    assert gauges() == (0, 0, 0)
+    with socket.create_connection(("127.0.0.1", served_http.server.http_port), timeout=10) as sock:
+        head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" % TOKEN.encode()
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+        eventually(lambda: gauges() == (1, 1, len(body)), what=f"one call holding {len(body)} bytes: {gauges()}")
+        sock.sendall(body[5:])
+        assert read_response(sock).startswith("HTTP/1.1 200")
+    eventually(lambda: gauges() == (0, 0, 0), what=f"everything released: {gauges()}")
+
+
 def test_a_body_trickling_in_times_out_as_a_whole(tiny_artifacts: Path) -> None:
     """The body timeout bounds the whole body: a byte every 0.1 s never waits 0.5 s for one chunk."""
     server = ServerThread(server_config(tiny_artifacts, http_body_timeout_seconds=0.5))
