@@ -217,10 +217,7 @@ class HttpApi:
             finally:
                 self.state.in_flight -= 1
             model = scope.get("embed.model", "")
-            self.metrics.requests.labels("http", f"{method} {path}", str(status), model).inc()
-            self.metrics.request_duration.labels("http", f"{method} {path}", model).observe(
-                time.perf_counter() - started
-            )
+            self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
         await _respond(send, status, body, self.state.draining)
 
     # ---- routes -----------------------------------------------------------------------------

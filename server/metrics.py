@@ -144,6 +144,7 @@ class Metrics:
         self.batches = Counter("embed_batches", "Batches run by the backend.", ["model"], registry=registry)
         self.model_info = Info("embed_model", "Each served model and where it runs.", ["model"], registry=registry)
         self._models: dict[str, ModelMetrics] = {}
+        self._answered: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
         for reason in REJECTION_REASONS:  # present from the start, so rate() has a series to work on
             self.rejections.labels(reason, "")
 
@@ -155,6 +156,17 @@ class Metrics:
 
     def rejected(self, reason: str, model: str = "") -> None:
         self.rejections.labels(reason, model).inc()
+
+    def answered(self, protocol: str, method: str, code: str, model: str, seconds: float) -> None:
+        """One finished request: counted by its code, timed. The labelled series are looked up once each
+        (prometheus_client's ``labels()`` takes a lock and builds a key on every call)."""
+        key = (protocol, method, code, model)
+        series = self._answered.get(key)
+        if series is None:
+            counter = self.requests.labels(*key)
+            series = self._answered[key] = (counter, self.request_duration.labels(protocol, method, model))
+        series[0].inc()
+        series[1].observe(seconds)
 
     # ---- HTTP endpoint ----------------------------------------------------------------------
     def serve(self, host: str, port: int) -> tuple[object, int]:

@@ -245,8 +245,7 @@ class RpcAccounting:
             raise
         finally:
             self.state.in_flight -= 1
-            self.metrics.requests.labels("grpc", method, call.code.name, call.model).inc()
-            self.metrics.request_duration.labels("grpc", method, call.model).observe(time.perf_counter() - started)
+            self.metrics.answered("grpc", method, call.code.name, call.model, time.perf_counter() - started)
 
     def _admit(self, request: Any, call: Call, name_field: str = "model") -> ServedModel:
         """The model a request names, served and loaded (calls in progress and bytes are bounded before

@@ -350,12 +350,15 @@ def test_http_requests_are_counted_with_their_protocol(served_http: ServerThread
     name = served_http.server.default.name
     labels = {"protocol": "http", "method": "POST /v1/embeddings", "code": "200", "model": name}
     registry = served_http.server.metrics.registry
+    timed = {k: v for k, v in labels.items() if k != "code"}
     before = registry.get_sample_value("embed_requests_total", labels) or 0.0
+    timed_before = registry.get_sample_value("embed_request_duration_seconds_count", timed) or 0.0
     post(served_http, {"input": "counted"})
     post(served_http, {"input": "refused", "dimensions": 0})
     assert registry.get_sample_value("embed_requests_total", labels) == before + 1
     refused = {**labels, "code": "400"}
     assert (registry.get_sample_value("embed_requests_total", refused) or 0.0) >= 1
+    assert registry.get_sample_value("embed_request_duration_seconds_count", timed) == timed_before + 2
 
 
 def test_tokenize_shows_each_token_where_it_came_from_and_what_embeddings_count(served_http: ServerThread) -> None:
