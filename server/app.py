@@ -165,6 +165,9 @@ class EmbeddingServer:
                 loop="none",  # this loop: the gRPC server's
                 http=protocol_class(config.http_header_timeout_seconds),
                 lifespan="off",
+                # The connection is the client (admission and fair queueing): X-Forwarded-For from a
+                # local sender must not choose another client's share, and the middleware costs a call.
+                proxy_headers=False,
                 access_log=False,
                 log_level="warning",
                 timeout_keep_alive=5,

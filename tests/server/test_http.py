@@ -191,6 +191,26 @@ def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
         server.stop()
 
 
+def test_the_client_is_the_connection_whatever_x_forwarded_for_says(served_http: ServerThread) -> None:
+    """Admission and fair queueing key on the client: a header must not let a sender pose as another."""
+    api = served_http.server.http_api
+    route = api._routes[("POST", "/v1/embeddings")]
+    clients: list[str] = []
+
+    async def recording(scope, receive, client):  # type: ignore[no-untyped-def]
+        clients.append(client)
+        return await route(scope, receive, client)
+
+    api._routes[("POST", "/v1/embeddings")] = recording
+    try:
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-Forwarded-For": "10.9.9.9"}
+        response = httpx.post(base_url(served_http) + "/v1/embeddings", json={"input": "x"}, headers=headers)
+    finally:
+        api._routes[("POST", "/v1/embeddings")] = route
+    assert response.status_code == 200
+    assert len(clients) == 1 and clients[0].startswith("http:127.0.0.1:"), clients
+
+
 def test_the_gauges_show_what_a_request_holds_while_its_body_arrives(served_http: ServerThread) -> None:
     registry = served_http.server.metrics.registry
 
