@@ -79,6 +79,7 @@ class EmbeddingServer:
                 ("grpc.so_reuseport", 1 if config.reuse_port else 0),
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
+                ("grpc.http2.bdp_probe", 1 if config.grpc_bdp_probe else 0),
             ],
         )
         self.service = EmbedderService(self.state, self.metrics, self._limits(), self.admission, config.max_streams)

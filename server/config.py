@@ -73,6 +73,12 @@ class ServerConfig:
     max_input_chars: int = setting(20000, "characters per input, checked before tokenization")
     max_message_bytes: int = setting(4 * 1024 * 1024, "largest gRPC message or HTTP body received, and message sent")
     max_streams: int = setting(64, "`EmbedStream` RPCs open at once; more get `RESOURCE_EXHAUSTED`")
+    grpc_bdp_probe: bool = setting(
+        False,
+        "let gRPC grow its flow-control windows to the link's bandwidth-delay product; off keeps them at HTTP/2's "
+        "initial 64 KiB, so a flood of large requests waits on the wire, not in the server's memory (turn on for "
+        "large messages over long links)",
+    )
     max_concurrent_rpcs: int = setting(
         512, "calls in progress at once, both protocols together; more get `RESOURCE_EXHAUSTED` before being read"
     )
