@@ -48,11 +48,12 @@ class Recipe:
 
     steps: int  # sized to the time budget on 2 cores
     vocab_size: int
+    matryoshka_weight: float  # of each prefix's losses (matryoshka_dims), against the full length's
 
 
-PLAIN = Recipe(steps=1400, vocab_size=8192)  # InfoNCE only, random token embeddings
-# Token embeddings from the teacher: a repeat run within 5 minutes; 8192 and 16384 tokens measured too.
-DISTILLED = Recipe(steps=1050, vocab_size=32768)
+PLAIN = Recipe(steps=1400, vocab_size=8192, matryoshka_weight=0.0)  # InfoNCE only, random token embeddings
+# Token embeddings from the teacher; 8192 and 16384 tokens, 1,050 steps, prefix weights 0 to 1 measured too.
+DISTILLED = Recipe(steps=2100, vocab_size=32768, matryoshka_weight=0.1)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,10 @@ class TrainConfig:
     # similarity: match the in-batch cosine matrices | projection: cosine to the teacher through a linear head
     distill_loss: str = "similarity"
     teacher_init: bool = True  # start the student's token embeddings from the teacher's (PCA of each token alone)
-    # Shortened lengths evaluated and recorded in the manifest. With matryoshka_weight > 0 each is also
+    # Shortened lengths evaluated and recorded in the manifest. With a prefix weight > 0 each is also
     # trained to stand alone (Matryoshka): InfoNCE on each prefix, beside the full length.
     matryoshka_dims: tuple[int, ...] = (32, 64)
-    # Off by default: the variance rotation below kept more at 64 components and lost nothing at full length,
-    # where prefix losses at 0.05 to 1 cost the full length up to 0.03 of recall@10 (docs/model.md).
-    matryoshka_weight: float = 0.0  # of each prefix's losses, against the full length's
+    matryoshka_weight: float | None = None  # of each prefix's losses; None = the recipe's (prefix_weight)
     # With a teacher, the similarity-matching loss on each prefix too (else on the full length only).
     matryoshka_distill: bool = True
     # After training, the output's axes are turned to the principal axes of training texts' embeddings: the
@@ -106,12 +105,17 @@ class TrainConfig:
     @property
     def recipe(self) -> Recipe:
         """A large vocabulary pays only when its rows start from the teacher's: with random rows most tokens
-        are seen too rarely in a brief run to learn. The teacher's start also needs fewer steps."""
+        are seen too rarely in a brief run to learn. With the teacher, twice the steps let the prefix losses
+        raise the 32-component prefix without costing the full length (docs/model.md)."""
         return DISTILLED if self.teacher_dir and self.teacher_init else PLAIN
 
     @property
     def train_steps(self) -> int:
         return self.recipe.steps if self.steps is None else self.steps
+
+    @property
+    def prefix_weight(self) -> float:
+        return self.recipe.matryoshka_weight if self.matryoshka_weight is None else self.matryoshka_weight
 
     @property
     def vocabulary(self) -> int:
@@ -356,7 +360,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     batches: list[list[int]] = []
     losses: list[float] = []
     model.train()
-    prefix_dims = config.matryoshka_dims if config.matryoshka_weight else ()  # evaluated either way
+    prefix_dims = config.matryoshka_dims if config.prefix_weight else ()  # evaluated either way
     bar = tqdm(range(config.train_steps), desc="train", disable=not config.progress, unit="step", mininterval=1.0)
     for step in bar:
         if not batches:  # a new epoch: reshuffle into synset-distinct batches
@@ -373,7 +377,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
         loss = info_nce(a.float(), p.float(), config.temperature)
         prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
-        loss = loss + config.matryoshka_weight * prefixes
+        loss = loss + config.prefix_weight * prefixes
         if teacher is not None:
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
             targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
@@ -385,7 +389,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
                 if config.matryoshka_distill:
                     for d in prefix_dims:
                         matched = similarity_matching_loss(student[:, :d], targets)
-                        loss = loss + config.distill_weight * config.matryoshka_weight * matched
+                        loss = loss + config.distill_weight * config.prefix_weight * matched
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -439,7 +443,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "distill_loss": config.distill_loss if config.teacher_dir else "",
         "teacher_init": bool(config.teacher_dir and config.teacher_init),
         "matryoshka_dims": [*config.matryoshka_dims, model.d_model],  # the trained lengths, full included
-        "matryoshka_weight": config.matryoshka_weight,
+        "matryoshka_weight": config.prefix_weight,
         "matryoshka_distill": config.matryoshka_distill,
         "variance_rotation": config.variance_rotation,
         "vocab_size": tokenizer.get_vocab_size(),
@@ -539,7 +543,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=",".join(map(str, defaults.matryoshka_dims)),
         help="nested prefixes trained to stand alone, comma-separated ('' = off)",
     )
-    parser.add_argument("--matryoshka-weight", type=float, default=defaults.matryoshka_weight)
+    parser.add_argument(
+        "--matryoshka-weight",
+        type=float,
+        help=f"of each prefix's losses; default {DISTILLED.matryoshka_weight} when distilling with teacher init, "
+        f"else {PLAIN.matryoshka_weight}",
+    )
     parser.add_argument(
         "--matryoshka-distill",
         action=argparse.BooleanOptionalAction,

@@ -115,7 +115,9 @@ def test_the_recipe_follows_the_starting_point() -> None:
     assert (TrainConfig().train_steps, TrainConfig().vocabulary) == (PLAIN.steps, PLAIN.vocab_size)
     distilled = TrainConfig(teacher_dir="t")
     assert (distilled.train_steps, distilled.vocabulary) == (DISTILLED.steps, DISTILLED.vocab_size)
-    assert DISTILLED.vocab_size > PLAIN.vocab_size and DISTILLED.steps < PLAIN.steps
+    assert DISTILLED.vocab_size > PLAIN.vocab_size and distilled.prefix_weight == DISTILLED.matryoshka_weight > 0
+    assert TrainConfig().prefix_weight == PLAIN.matryoshka_weight == 0.0
+    assert TrainConfig(teacher_dir="t", matryoshka_weight=0.0).prefix_weight == 0.0
     assert TrainConfig(teacher_dir="t", teacher_init=False).recipe == PLAIN
     explicit = TrainConfig(teacher_dir="t", vocab_size=500, steps=0)
     assert (explicit.train_steps, explicit.vocabulary) == (0, 500)
