@@ -92,9 +92,8 @@ export LOADTEST_PROTOCOL
 loadtest: setup $(ARTIFACTS)/model.onnx
 	$(PY) -m loadtest.run --model-dir $(ARTIFACTS) --users $(LOADTEST_USERS) --spawn-rate $(LOADTEST_SPAWN_RATE) --duration $(LOADTEST_DURATION)
 
-bench: setup $(ARTIFACTS)/model.onnx
+bench: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
 	$(PY) -m bench --model-dir $(ARTIFACTS)
-	$(PY) -m bench.protocols --model-dir $(ARTIFACTS) $(if $(wildcard $(ARTIFACTS)/minilm/model.onnx),--minilm-dir $(ARTIFACTS)/minilm)
 
 # On a machine with an NVIDIA GPU: CUDA parity, fp16, `bench --provider cuda`, --workers scaling (scripts/gpu-check.sh).
 gpu-check:

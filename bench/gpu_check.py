@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench import compute_bound
-from bench.measure import ROOT, cpu_name, load_parallel, merge_counts, traffic, wait_workers_ready
-from loadtest.run import free_port, local_server
+from bench.measure import ROOT, cpu_name, merge_counts, traffic, workers_reading
+from bench.report import table
 from loadtest.texts import load_pool
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -36,6 +35,7 @@ FP16_MIN_COSINE = 0.999
 WORKERS = (1, 2, 4, 8)
 LOAD_PROCESSES = 8
 PARITY_TEXTS = 64
+FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per load in the scaling table, with decimals
 
 
 def cuda_loads(model_dir: Path) -> str | None:
@@ -76,40 +76,25 @@ def gpu_name() -> str:
     return f"{name} (driver {driver})" if driver else name
 
 
-def gpu_memory_mib() -> int:
+def gpu_memory() -> dict[str, int]:
+    """GPU memory in use now, MiB (-1 where nvidia-smi does not tell)."""
     done = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
     )
-    return int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout.strip() else -1
+    return {"gpu_memory_mib": int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout.strip() else -1}
 
 
 def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str, object]]:
     """`--workers` processes sharing one GPU, loaded by LOAD_PROCESSES load generators (one connection each)."""
     rows: list[dict[str, object]] = []
-    minilm_dir = model_dir / "bench-minilm-size"
     configs = [(model_dir, "fp32", n) for n in WORKERS] + [(model_dir, "fp16", max(WORKERS))]
-    configs += [(minilm_dir, precision, max(WORKERS)) for precision in ("fp32", "fp16")]
+    configs += [(model_dir / "minilm", precision, max(WORKERS)) for precision in ("fp32", "fp16")]
     for folder, precision, n in configs:
-        name = "trained" if folder == model_dir else "minilm_size"
+        name = "trained" if folder == model_dir else "all-MiniLM-L6-v2"
         print(f"{name} {precision} --provider cuda --workers {n}", flush=True)
-        metrics_port = free_port()
-        flags = ["--provider", "cuda", "--precision", precision, "--workers", str(n)]
-        flags += ["--metrics-port", str(metrics_port)]
-        with local_server(str(folder), flags) as server:
-            wait_workers_ready(metrics_port, n)
-            memory = gpu_memory_mib()
-            single = load_parallel(server.target, LOAD_PROCESSES, 16, texts_file, duration)
-            batch8 = load_parallel(server.target, LOAD_PROCESSES, 4, texts_file, duration, 8)
-        rows.append(
-            {
-                "model": name,
-                "precision": precision,
-                "workers": n,
-                "gpu_memory_mib": memory,
-                "single": single,
-                "batch8": batch8,
-            }
-        )
+        flags = ["--provider", "cuda", "--precision", precision]
+        reading = workers_reading(folder, flags, n, LOAD_PROCESSES, texts_file, duration, gpu_memory)
+        rows.append({"model": name, "precision": precision, "workers": n, **reading})
     return rows
 
 
@@ -118,47 +103,43 @@ def errors(*readings: dict[str, Any]) -> str:
     return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
 
 
+def parity_row(name: str, p: dict[str, Any]) -> list[object]:
+    providers, max_abs = ", ".join(p["providers"]), f"{p['fp32_cuda_vs_cpu_max_abs']:.2e}"
+    return [name, providers, max_abs, f"{p['fp16_mean_cosine']:.6f}", f"{p['fp16_worst_cosine']:.6f}", p["passes"]]
+
+
+def scaling_row(r: dict[str, Any]) -> list[object]:
+    figures = [f"{x[k]:.{d}f}" for x in (r["single"], r["batch8"]) for k, d in FIGURES]
+    return [r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors(r["single"], r["batch8"])]
+
+
 def write_markdown(report: dict[str, Any], path: Path) -> None:
-    lines = [
-        "# GPU check",
-        "",
-        f"Produced by `{report['command']}` on {report['date']}: {report['gpu']}, "
-        f"{report['cpu']} ({report['cpu_cores']} cores), onnxruntime-gpu {report['onnxruntime']}. "
-        "Speed of the whole benchmark on the CUDA execution provider: `benchmarks.md` in this folder.",
-        "",
-        f"Parity on {PARITY_TEXTS} held-out WordNet texts in the benchmark's length mix, padded as one batch: "
-        f"fp32 on CUDA (TF32 off) against fp32 on the CPU, max abs <= {FP32_MAX_ABS:g} per component; "
-        f"fp16 on CUDA against fp32 on the CPU, cosine >= {FP16_MIN_COSINE}.",
-        "",
-        "| model | providers loaded | fp32 CUDA vs CPU max abs | fp16 mean cosine | fp16 worst cosine | passes |",
-        "|---|---|---:|---:|---:|---|",
-    ]
-    for name, p in report.get("parity", {}).items():
-        lines.append(
-            f"| {name} | {', '.join(p['providers'])} | {p['fp32_cuda_vs_cpu_max_abs']:.2e} | "
-            f"{p['fp16_mean_cosine']:.6f} | {p['fp16_worst_cosine']:.6f} | {p['passes']} |"
-        )
+    parity_header = ["model", "providers loaded", "fp32 CUDA vs CPU max abs", "fp16 mean cosine", "fp16 worst cosine"]
+    parity_rows = [parity_row(name, p) for name, p in report.get("parity", {}).items()]
+    text = f"""# GPU check
+
+Produced by `{report["command"]}` on {report["date"]}: {report["gpu"]}, {report["cpu"]} ({report["cpu_cores"]} cores),
+onnxruntime-gpu {report["onnxruntime"]}. Speed of the whole benchmark on the CUDA execution provider: `benchmarks.md`
+in this folder.
+
+Parity on {PARITY_TEXTS} held-out WordNet texts in the benchmark's length mix, padded as one batch: fp32 on CUDA (TF32
+off) against fp32 on the CPU, max abs <= {FP32_MAX_ABS:g} per component; fp16 on CUDA against fp32 on the CPU, cosine
+>= {FP16_MIN_COSINE}.
+
+{table([*parity_header, "passes"], parity_rows, 2)}
+"""
     if report.get("scaling"):
-        lines += [
-            "",
-            f"`--workers` processes sharing the GPU (SO_REUSEPORT), loaded by {LOAD_PROCESSES} load-generator "
-            "processes at once, each with its own connection (`bench.measure.load_parallel`); "
-            f"{report['duration']:g} s per reading after 1.5 s of warm-up. "
-            "GPU memory: nvidia-smi once every worker had loaded its model; "
-            "errors: calls that failed, by status.",
-            "",
-            "| model | precision | workers | GPU memory MiB | 1 text x 128 clients: texts/s | p50 ms | p99 ms "
-            "| 8 texts x 32 clients: texts/s | p50 ms | p99 ms | errors |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for r in report["scaling"]:
-            s, b = r["single"], r["batch8"]
-            lines.append(
-                f"| {r['model']} | {r['precision']} | {r['workers']} | {r['gpu_memory_mib']} | "
-                f"{s['texts_per_second']:.0f} | {s['p50_ms']:.2f} | {s['p99_ms']:.2f} | "
-                f"{b['texts_per_second']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | {errors(s, b)} |"
-            )
-    path.write_text("\n".join(lines) + "\n")
+        loads = ("1 text x 128 clients", "8 texts x 32 clients")
+        cells = [cell for load in loads for cell in (f"{load}: texts/s", "p50 ms", "p99 ms")]
+        header = ["model", "precision", "workers", "GPU memory MiB", *cells, "errors"]
+        text += f"""
+`--workers` processes sharing the GPU (SO_REUSEPORT), loaded by {LOAD_PROCESSES} load-generator processes at once,
+each with its own connection; {report["duration"]:g} s per reading after 1.5 s of warm-up. GPU memory: nvidia-smi
+after both loads, the server still running; errors: calls that failed, by status.
+
+{table(header, [scaling_row(r) for r in report["scaling"]], 2)}
+"""
+    path.write_text(text)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -175,8 +156,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if why_not:
         print(f"gpu-check: the CUDA execution provider did not load: {why_not}", file=sys.stderr)
         raise SystemExit(3)
-    minilm_dir = args.model_dir / "bench-minilm-size"
-    compute_bound.build(args.model_dir, minilm_dir)
     out = args.out / "gpu"
     out.mkdir(parents=True, exist_ok=True)
     report_file = out / "gpu-check.json"
@@ -194,9 +173,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if "parity" in steps:
         texts = load_pool().mixed(random.Random(0), PARITY_TEXTS)
-        report["parity"] = {"trained": parity(args.model_dir, texts), "minilm_size": parity(minilm_dir, texts)}
-        if (args.model_dir / "minilm" / "model.onnx").is_file():
-            report["parity"]["all-MiniLM-L6-v2"] = parity(args.model_dir / "minilm", texts)
+        report["parity"] = {
+            "trained": parity(args.model_dir, texts),
+            "all-MiniLM-L6-v2": parity(args.model_dir / "minilm", texts),
+        }
         report_file.write_text(json.dumps(report, indent=2) + "\n")
     if "bench" in steps:
         command = [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.run import free_port, wait_serving
+from loadtest.run import LocalServer, free_port, local_server, wait_serving
 from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
@@ -150,42 +150,32 @@ def interleaved_medians(backends: dict[str, Callable[[], object]], rounds: int =
     return {name: float(np.median(values)) for name, values in samples.items()}
 
 
-def onnx_per_batch(model_dir: Path, ids: np.ndarray, mask: np.ndarray, provider: str = "cpu") -> dict[str, float]:
-    """Median seconds for one padded batch in ONNX Runtime: fp32 and int8 on the CPU, fp32 and fp16 on CUDA."""
-    names = {"ONNX Runtime fp32": "fp32", "ONNX Runtime int8": "int8"}
-    if provider == "cuda":
-        names = {"ONNX Runtime fp32": "fp32", "ONNX Runtime fp16": "fp16"}
+def per_batch_latency(
+    model_dir: Path, ids: np.ndarray, mask: np.ndarray, provider: str = "cpu", torch_threads: int = 0
+) -> dict[str, float]:
+    """Median seconds for one padded batch, interleaved: ONNX Runtime fp32 and int8 (fp32 and fp16 on CUDA);
+    with torch_threads, eager PyTorch and TorchScript on the CPU beside them."""
+    precisions = ("fp32", "fp16" if provider == "cuda" else "int8")
     sessions = {
-        name: OnnxRuntime(model_dir, RuntimeOptions(provider=provider, precision=p, spinning=True), pad_id=0)
-        for name, p in names.items()
+        p: OnnxRuntime(model_dir, RuntimeOptions(provider=provider, precision=p, spinning=True), 0) for p in precisions
     }
-    return interleaved_medians({name: partial(s.run, ids, mask) for name, s in sessions.items()})
-
-
-def per_batch_latency(model_dir: Path, ids: np.ndarray, mask: np.ndarray, threads: int) -> dict[str, float]:
-    """Median seconds for one padded batch: eager PyTorch, TorchScript, ONNX Runtime fp32 and int8."""
+    backends: dict[str, Callable[[], object]] = {
+        f"ONNX Runtime {p}": partial(s.run, ids, mask) for p, s in sessions.items()
+    }
+    if not torch_threads:
+        return interleaved_medians(backends)
     import torch
 
     from export.torchscript import load_torchscript
     from model.checkpoint import load_checkpoint
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(torch_threads)
     model, _ = load_checkpoint(model_dir / "checkpoint.pt")
     scripted = load_torchscript(model_dir / "model.torchscript.pt")
     t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    fp32, int8 = (
-        OnnxRuntime(model_dir, RuntimeOptions(provider="cpu", precision=p, spinning=True), pad_id=0)
-        for p in ("fp32", "int8")
-    )
     with torch.inference_mode():
-        return interleaved_medians(
-            {
-                "eager PyTorch": lambda: model(t_ids, t_mask),
-                "TorchScript": lambda: scripted(t_ids, t_mask),
-                "ONNX Runtime fp32": lambda: fp32.run(ids, mask),
-                "ONNX Runtime int8": lambda: int8.run(ids, mask),
-            }
-        )
+        return interleaved_medians({"eager PyTorch": lambda: model(t_ids, t_mask),
+                                    "TorchScript": lambda: scripted(t_ids, t_mask), **backends})  # fmt: skip
 
 
 def matmul_peak_flops(threads: int, n: int = 2048) -> float:
@@ -293,6 +283,27 @@ def load_parallel(  # type: ignore[type-arg]
     return merged
 
 
+def workers_reading(  # type: ignore[type-arg]
+    model_dir: Path,
+    flags: Sequence[str],
+    workers: int,
+    processes: int,
+    texts_file: Path,
+    duration: float,
+    after_load: Callable[[], dict] | None = None,  # type: ignore[type-arg]
+) -> dict:
+    """A server with `--workers` loaded by `processes` load generators, one connection each (the kernel hands a
+    connection to one worker, so one connection would load one worker only): 128 clients of one text, then 32
+    of 8 texts; then after_load's readings (GPU memory, say) while the server still runs."""
+    metrics_port = free_port()
+    extra = [*flags, "--workers", str(workers), "--metrics-port", str(metrics_port)]
+    with local_server(str(model_dir), extra) as server:
+        wait_workers_ready(metrics_port, workers)
+        single = load_parallel(server.target, processes, 128 // processes, texts_file, duration)
+        batch8 = load_parallel(server.target, processes, 32 // processes, texts_file, duration, 8)
+        return {"single": single, "batch8": batch8, **(after_load() if after_load else {})}
+
+
 @dataclass(frozen=True)
 class Target:
     address: str
@@ -325,6 +336,37 @@ def transport_server(dim: int, protocol: str = "grpc") -> Iterator[Target]:
     finally:
         process.terminate()
         process.wait(30)
+
+
+def compare_protocols(  # type: ignore[type-arg]
+    server: LocalServer, dim: int, texts_file: Path, seconds: float, rounds: int, loads: Sequence[tuple[int, int]]
+) -> dict[str, dict[str, list[dict]]]:
+    """Each load (texts per request, clients) over gRPC, over HTTP and on the HTTP transport ceiling (a minimal
+    app on the same stack answering a fixed vector), all from the same load generator; rounds interleaved, so
+    that the machine's drift hits every target alike. Readings by load ("1x32"), then target, one per round."""
+    results: dict[str, dict[str, list[dict]]] = {}  # type: ignore[type-arg]
+    with transport_server(dim, "http") as ceiling:
+        targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.address}
+        for _ in range(rounds):
+            for per_request, clients in loads:
+                for name, target in targets.items():
+                    protocol = "grpc" if name == "grpc" else "http"
+                    reading = load_sweep(target, (clients,), texts_file, seconds, per_request, protocol=protocol)[0]
+                    results.setdefault(f"{per_request}x{clients}", {}).setdefault(name, []).append(reading)
+    return results
+
+
+def raw_rates(
+    runtime: OnnxRuntime, rows: Sequence[np.ndarray], loads: Sequence[tuple[int, int]], policy: BatchPolicy
+) -> dict[str, float]:
+    """The model alone, texts/s on each load's batches: c clients sending k texts each form batches of at
+    most c x k texts, so the rows run in windows of that many, batched as the batcher batches a full queue."""
+    rates = {}
+    for per_request, clients in loads:
+        window = per_request * clients
+        batches = [b for i in range(0, len(rows), window) for b in plan_batches(rows[i : i + window], policy)]
+        rates[f"{per_request}x{clients}"] = len(rows) / time_batches(runtime, batches, repeats=1)
+    return rates
 
 
 def serial_limit(raw_texts_per_second: float, transport_texts_per_second: float) -> float:

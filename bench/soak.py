@@ -17,60 +17,33 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import grpc
-import numpy as np
-
-from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from bench import loadgen
 from loadtest.run import ROOT, local_server
 from loadtest.texts import load_pool
 from server.memory import rss_bytes
 
 SAMPLE_SECONDS = 10.0
 MAX_RSS_GROWTH = 0.10
+SIZES = (1, 4, 8)  # texts per request, one size per window in turn
 
 
-async def drive(target: str, pid: int, seconds: float, concurrency: int, texts: list[str]) -> list[dict]:  # type: ignore[type-arg]
-    channel = grpc.aio.insecure_channel(target)
-    stub = embedding_pb2_grpc.EmbedderStub(channel)
-    window: list[float] = []
-    errors = 0
-    stop = False
-
-    async def worker(seed: int) -> None:
-        nonlocal errors
-        rng = random.Random(seed)
-        while not stop:
-            start = time.perf_counter()
-            try:
-                request = embedding_pb2.EmbedRequest(
-                    inputs=rng.sample(texts, rng.choice((1, 1, 1, 4, 8))), truncate=True
-                )
-                await stub.Embed(request, timeout=30)
-                window.append(time.perf_counter() - start)
-            except grpc.aio.AioRpcError:
-                errors += 1
-
-    workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
-    samples = []
+def drive(
+    target: str, pid: int, seconds: float, concurrency: int, texts: list[str], window: float = SAMPLE_SECONDS
+) -> list[dict[str, Any]]:
+    """Back-to-back windows of the benchmark's load generator, cycling through 1, 4 and 8 texts per request
+    (so the batcher forms every shape over time); the server's RSS after each window."""
+    samples: list[dict[str, Any]] = []
     started = time.monotonic()
     while time.monotonic() - started < seconds:
-        await asyncio.sleep(SAMPLE_SECONDS)
-        latencies, window[:] = np.array(window) * 1000, []
-        samples.append(
-            {
-                "t_seconds": round(time.monotonic() - started, 1),
-                "rss_mib": rss_bytes(pid) / 2**20,
-                "requests_per_second": len(latencies) / SAMPLE_SECONDS,
-                "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else None,
-                "p99_ms": float(np.percentile(latencies, 99)) if len(latencies) else None,
-                "errors": errors,
-            }
-        )
+        per_request = SIZES[len(samples) % len(SIZES)]
+        reading: dict[str, Any] = asyncio.run(loadgen.run(target, concurrency, window, 0.0, texts, per_request))
+        errors = reading["errors"] + (samples[-1]["errors"] if samples else 0)
+        samples.append({"t_seconds": round(time.monotonic() - started, 1), "rss_mib": rss_bytes(pid) / 2**20,
+                        "texts_per_request": per_request, "requests_per_second": reading["requests_per_second"],
+                        "p50_ms": reading["p50_ms"], "p99_ms": reading["p99_ms"], "errors": errors})  # fmt: skip
         print(json.dumps(samples[-1]), flush=True)
-    stop = True
-    await asyncio.gather(*workers)
-    await channel.close()
     return samples
 
 
@@ -83,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = load_pool().mixed(random.Random(0), 2000)
     with local_server(args.model_dir) as server:
-        samples = asyncio.run(drive(server.target, server.process.pid, args.minutes * 60, args.concurrency, texts))
+        samples = drive(server.target, server.process.pid, args.minutes * 60, args.concurrency, texts)
     warm = max(1, min(int(60 / SAMPLE_SECONDS), len(samples) // 2))
     baseline, final = samples[warm - 1]["rss_mib"], samples[-1]["rss_mib"]
     growth = (final - baseline) / baseline

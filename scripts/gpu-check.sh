@@ -3,7 +3,7 @@
 #
 #   1. installs the CUDA 13 / cuDNN 9 libraries ONNX Runtime needs (pip extras of onnxruntime-gpu);
 #   2. export parity on the CUDA execution provider: fp32 (TF32 off) against CPU (max abs <= 1e-4) and fp16
-#      (cosine >= 0.999), for the trained model and the MiniLM-sized configuration;
+#      (cosine >= 0.999), for the trained model and all-MiniLM-L6-v2;
 #   3. `python -m bench --provider cuda` -> docs/gpu/benchmarks.md;
 #   4. --workers 1, 2, 4 and 8 sharing the GPU, fp32 and fp16, loaded over 8 connections -> docs/gpu/gpu-check.md.
 #
@@ -20,5 +20,5 @@ nvidia-smi -L
 
 make setup
 .venv/bin/python -m pip install -q 'onnxruntime-gpu[cuda,cudnn]==1.31.*'
-test -f "${ARTIFACTS:-artifacts}/model.onnx" || make export
+make "${ARTIFACTS:-artifacts}/model.onnx" "${ARTIFACTS:-artifacts}/minilm/manifest.json"
 .venv/bin/python -m bench.gpu_check --model-dir "${ARTIFACTS:-artifacts}" --out docs

@@ -110,23 +110,6 @@ def test_http_transport_ceiling_answers_openai_shaped_embeddings(tmp_path: Path)
     assert result["requests"] > 0 and result["errors"] == 0
 
 
-def test_request_path_separates_our_python_from_tokenization_and_the_model(
-    tiny_artifacts: Path, tmp_path: Path
-) -> None:
-    from bench.__main__ import measure_request_path
-
-    texts = tmp_path / "texts.json"
-    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs", "x"]))
-    measured = measure_request_path(tiny_artifacts, texts, 0.5)
-    assert set(measured) == {"full", "pretokenized", "bare"}
-    for m in measured.values():
-        assert m["requests_per_second"] > 0 and m["event_loop_cpu_us"] > 0 and m["mean_batch"] >= 1
-    full, pretokenized, bare = measured["full"], measured["pretokenized"], measured["bare"]
-    assert full["tokenizer_calls"] > 0 and full["model_calls"] > 0
-    assert pretokenized["tokenizer_calls"] == 0 and pretokenized["model_calls"] > 0
-    assert bare["tokenizer_calls"] == 0 and bare["model_calls"] == 0
-
-
 def test_serial_limit_adds_the_two_costs_per_text() -> None:
     from bench.measure import serial_limit
 
@@ -142,7 +125,7 @@ def test_a_transport_ceiling_below_the_server_leaves_the_target_unmeasured() -> 
     server, transport = at(run["server"], 32), at(run["transport"]["single"], 32)
 
     def row() -> tuple[str, str, str, bool | None]:
-        (found,) = [t for t in targets(run) if t[0] == "server vs serial limit L, 1 text x 32 clients"]
+        (found,) = [t for t in targets(run) if t[0] == "gRPC: server vs serial limit L, 1 text x 32 clients"]
         return found
 
     transport["texts_per_second"] = server["texts_per_second"] * 3
@@ -181,34 +164,57 @@ def test_load_generator_speaks_http_to_the_same_server(served: ServerThread, tmp
     assert (after or 0) - (before or 0) >= result["requests"]  # every answer counted was really embedded
 
 
-def test_the_protocol_report_marks_each_target_met_or_missed() -> None:
-    from bench.protocols import report
+def readings(*texts_per_second: float, p50: float = 1.0) -> list[dict[str, float]]:
+    """One reading per round, as the load generator reports it (one text per request)."""
+    return [{"texts_per_second": t, "requests_per_second": t, "p50_ms": p50} for t in texts_per_second]
 
-    def runs(texts_per_second: float, p50: float) -> list[dict[str, float]]:
-        return [{"texts_per_second": texts_per_second, "requests_per_second": texts_per_second, "p50_ms": p50}]
 
-    loads = {
-        "1x32": {"grpc": runs(1000, 30), "http": runs(1500, 20), "http ceiling": runs(20000, 1)},
-        "8x16": {"grpc": runs(1600, 70), "http": runs(2000, 60), "http ceiling": runs(20000, 1)},
-        "1x1": {"grpc": runs(500, 1.7), "http": runs(800, 0.6), "http ceiling": runs(8000, 0.1)},
-    }
-    model = {"one_text": 0.0002, "1x32": 4000.0, "8x16": 8000.0, "1x1": 3000.0}
-    minilm = {
-        "model_dir": "artifacts/minilm",
+def test_the_protocol_targets_take_medians_of_the_rounds_against_the_serial_limit() -> None:
+    from bench.report import protocols_table, targets
+
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    run["single_text_ms"] = 0.3
+    run["protocols"] = {
+        "raw": {"1x32": 4000.0, "8x16": 8000.0, "1x1": 3000.0},
         "loads": {
-            "1x32": {"grpc": runs(100, 300), "http": runs(97, 310), "http ceiling": runs(20000, 1)},
-            "8x16": {"grpc": runs(100, 900), "http": runs(90, 950), "http ceiling": runs(20000, 1)},
+            "1x32": {"grpc": readings(900, 1000, 1600), "http": readings(1500), "http ceiling": readings(20000)},
+            "8x16": {"grpc": readings(1600), "http": readings(2000), "http ceiling": readings(2500)},
+            "1x1": {"grpc": readings(500, p50=1.7), "http": readings(800, p50=0.7), "http ceiling": readings(8000)},
         },
-        "model": {"1x32": 110.0, "8x16": 120.0},
     }
-    text = report({"loads": loads, "model": model}, "test", minilm)
-    # L = 1 / (1/20000 + 1/4000) = 3333 texts/s at 1 x 32; HTTP's 1500 is 0.45 of it.
-    assert "| 1 text(s) x 32 clients | 1000 | 1500 | 1.50 | 20000 | 3333 | 0.45 | 30.00 / 20.00 |" in text
-    assert "| 1 text x 32 clients: HTTP / L | 0.45 | 0.80 | **no** |" in text
-    assert "| 1 text x 32 clients: HTTP / gRPC | 1.50x | 2.00x | **no** |" in text
-    assert "| 8 texts x 16 clients: HTTP / gRPC | 1.25x | 1.00x | yes |" in text
-    assert "| one client: HTTP p50, ms (bar: the model's own time + 0.5 ms) | 0.60 | 0.70 | yes |" in text
-    assert "| all-MiniLM-L6-v2: HTTP / gRPC, the lower of its loads | 0.90x | 0.95x | **no** |" in text
+    run["minilm"]["protocols"] = {
+        "raw": {"1x32": 110.0, "8x16": 120.0},
+        "loads": {
+            "1x32": {"grpc": readings(100), "http": readings(97), "http ceiling": readings(20000)},
+            "8x16": {"grpc": readings(100), "http": readings(90), "http ceiling": readings(2500)},
+        },
+    }
+    rows = {name: (measured, met) for name, measured, _, met in targets(run)}
+    # L = 1 / (1/20000 + 1/4000) = 3333 texts/s at 1 x 32; HTTP's 1500 is 0.45 of it, 1.5x gRPC's median 1000.
+    assert rows["HTTP: server vs its serial limit L, 1 text x 32 clients"] == ("0.45 L", False)
+    assert rows["HTTP against gRPC, 1 text x 32 clients"] == ("1.50x", False)
+    assert rows["HTTP against gRPC, 8 texts x 16 clients"] == ("1.25x", True)
+    assert rows["HTTP: p50 at one client vs raw single-text inference"] == ("0.70 ms vs 0.30 ms", True)
+    assert rows["all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads"] == ("0.90x", False)
+    # The ceiling answers per request: at 8 texts each, 2500 requests/s carry 20000 texts/s.
+    table = protocols_table(run["protocols"])
+    assert "| 1 text(s) x 32 clients | 1000 | 1500 | 1.50x | 20000 | 3333 | 0.45 | 1.00 / 1.00 |" in table
+    assert "| 8 text(s) x 16 clients | 1600 | 2000 | 1.25x | 2500 | 5714 | 0.35 | 1.00 / 1.00 |" in table
+
+
+def test_the_protocol_comparison_reads_every_target_in_every_round(served: ServerThread, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from bench.measure import compare_protocols
+
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    server = SimpleNamespace(target=served.target, http=f"http://127.0.0.1:{served.server.http_port}")
+    loads = compare_protocols(server, 8, texts, 0.3, 2, [(2, 3)])  # type: ignore[arg-type]
+    assert set(loads) == {"2x3"} and set(loads["2x3"]) == {"grpc", "http", "http ceiling"}
+    for name, runs in loads["2x3"].items():
+        assert len(runs) == 2 and all(r["requests"] > 0 and r["errors"] == 0 for r in runs), name
+        assert all(r["texts_per_request"] == 2 and r["concurrency"] == 3 for r in runs)
 
 
 def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None:
@@ -250,15 +256,26 @@ def test_waiting_for_workers_names_the_ones_that_never_loaded() -> None:
 
 
 def test_a_cuda_run_reports_what_it_measured_where() -> None:
-    """The GPU run's per-batch comparisons of eager, TorchScript and int8 ran on the CPU, and int8 is not
-    a CUDA build: the report must say so instead of scoring a CUDA run against CPU bars."""
+    """On CUDA the per-batch comparisons of eager, TorchScript and int8 run on the CPU, and int8 is not a CUDA
+    build: the report must say so instead of scoring a CUDA run against CPU bars."""
     from bench.report import targets, values
 
-    run = json.loads((ROOT / "docs" / "gpu" / "benchmarks.json").read_text())
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    run["machine"]["provider"] = "CUDAExecutionProvider"
+    run["minilm"]["per_batch"]["seconds"] = {"ONNX Runtime fp32": 0.004, "ONNX Runtime fp16": 0.002}
     rows = {t[0]: t for t in targets(run)}
-    int8 = rows["MiniLM-sized: int8 vs fp32 per batch, at mean cosine >= 0.99"]
-    assert int8[3] is None and "fp16 vs fp32 on CUDA" in int8[1]
-    assert "trained model: ONNX Runtime fp32 vs eager PyTorch per batch (on the CPU, 16 threads)" in rows
+    int8 = rows["all-MiniLM-L6-v2: int8 vs fp32 per batch, at mean cosine >= 0.99"]
+    assert int8[3] is None and int8[1] == "int8 is a CPU build; fp16 vs fp32 on CUDA: 2.00x"
+    cores = run["machine"]["cores"]
+    assert f"trained model: ONNX Runtime fp32 vs eager PyTorch per batch (on the CPU, {cores} threads)" in rows
     rendered = values(run, ROOT / "docs" / "gpu")
-    assert "one connection" in rendered["workers_table"]  # this run's workers reading had one connection
-    assert rendered["docs"] == ".."
+    assert "the GPU computes here" in rendered["flops_table"] and rendered["docs"] == ".."
+
+
+def test_the_soak_cycles_request_sizes_and_samples_the_servers_memory(served: ServerThread) -> None:
+    from bench.soak import SIZES, drive
+
+    texts = ["a short text", "another somewhat longer text about rivers and lungs", "x", "y z", "w", "v", "u", "t"]
+    samples = drive(served.target, os.getpid(), 1.0, 4, texts, window=0.3)
+    assert [s["texts_per_request"] for s in samples[:3]] == list(SIZES)
+    assert all(s["requests_per_second"] > 0 and s["errors"] == 0 and s["rss_mib"] > 10 for s in samples)
