@@ -48,6 +48,7 @@ from contract.manifest import MANIFEST_FILE, Manifest
 from loadtest.run import local_server
 from server.batcher import BatchPolicy
 from server.config import ServerConfig
+from server.models import batch_policy, batch_token_budget
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
 
@@ -102,21 +103,22 @@ def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
     rows = tokenizer.encode(texts, truncate=True).rows
     runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=manifest.pad_id)
     defaults = ServerConfig()
-    tokens = defaults.max_batch_tokens
-    if defaults.max_batch_seconds > 0:  # as server/models.py does
-        tokens = runtime.batch_tokens_within(defaults.max_batch_seconds, tokenizer.max_length, tokens)
-    policy = BatchPolicy(
-        tokens, defaults.max_batch_size, defaults.max_queue_tokens, max_padding_ratio=defaults.max_padding_ratio
-    )
+    policy = batch_policy(defaults, batch_token_budget(runtime, defaults, tokenizer.max_length))
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     return WarmModel(manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
 
 
-def single_text_ms(runtime: OnnxRuntime, rows: list[np.ndarray], n: int) -> float:
-    """Median ms of one text alone in ONNX Runtime, over the first n texts of the mix in turn."""
+def single_text_seconds(runtime: OnnxRuntime, rows: list[np.ndarray], n: int) -> list[float]:
+    """Each of the first n texts of the mix alone in ONNX Runtime, one after another (padded beforehand,
+    after one warm-up run): seconds per text."""
     singles = [pad_rows([r], runtime.pad_id) for r in rows[:n]]
-    index = iter(range(10**9))
-    return 1000 * median_seconds(lambda: runtime.run(*singles[next(index) % len(singles)]), n)
+    runtime.run(*singles[0])
+    seconds = []
+    for ids, mask in singles:
+        started = time.perf_counter()
+        runtime.run(ids, mask)
+        seconds.append(time.perf_counter() - started)
+    return seconds
 
 
 def padding(runtime: OnnxRuntime, rows: list[np.ndarray], policy: BatchPolicy) -> dict[str, dict[str, float]]:
@@ -136,10 +138,7 @@ def measure_minilm(folder: Path, texts: list[str], texts_file: Path, duration: f
     manifest, _, runtime, rows, policy, batches = warm_model(folder, texts[:MINILM_TEXTS], provider)
     ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
     print(f"  raw ceiling {ceiling[0]:.0f} texts/s", flush=True)
-    started = time.perf_counter()
-    for r in rows[:100]:  # the length mix one text at a time: what no batching at all can reach
-        runtime.run(*pad_rows([r], runtime.pad_id))
-    singles_per_second = 100 / (time.perf_counter() - started)
+    singles = single_text_seconds(runtime, rows, 100)  # one at a time: what no batching at all can reach
     flags = [*MINILM_FLAGS, "--provider", provider]
     with local_server(str(folder), flags) as server:
         batching = load_sweep(server.target, MINILM_CONCURRENCY, texts_file, duration)
@@ -157,8 +156,8 @@ def measure_minilm(folder: Path, texts: list[str], texts_file: Path, duration: f
         "parameters": onnx_parameters(folder / "model.onnx"),
         "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling, "batches": len(batches)},
         "max_batch_tokens": policy.max_batch_tokens,
-        "single_text_ms": single_text_ms(runtime, rows, 100),
-        "singles_per_second": singles_per_second,
+        "single_text_ms": 1000 * float(np.median(singles)),
+        "singles_per_second": len(singles) / sum(singles),
         "server": batching,
         "no_batching": no_batching,
         "protocols": {"loads": protocols, "raw": raw_rates(runtime, rows, MINILM_PROTOCOL_LOADS, policy)},
@@ -200,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     results["ceiling"] = ceiling
     print(f"  {ceiling['texts_per_second']:.0f} texts/s", flush=True)
-    results["single_text_ms"] = single_text_ms(runtime, rows, 300)
+    results["single_text_ms"] = 1000 * float(np.median(single_text_seconds(runtime, rows, 300)))
     results["tokenize_one_ms"] = 1000 * median_seconds(lambda: tokenizer.encode([texts[0]], True), 200)
 
     with tempfile.TemporaryDirectory() as tmp:

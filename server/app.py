@@ -29,11 +29,11 @@ from server import loops, memory
 from server.admission import Admission
 from server.auth import BearerTokenInterceptor, server_credentials
 from server.backend import OnnxBackend
-from server.batcher import Batcher, BatchPolicy
+from server.batcher import Batcher
 from server.config import ServerConfig, parse_config
 from server.http import HttpApi, protocol_class
 from server.metrics import Metrics
-from server.models import VERSION, LoadedModel, ServedModel, ServingState, load_model
+from server.models import VERSION, LoadedModel, ServedModel, ServingState, batch_policy, load_model
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
 from server.open_inference import OpenInferenceService
 from server.open_inference import add_to_server as add_inference_to_server
@@ -300,13 +300,7 @@ class EmbeddingServer:
     def _serve_model(self, loaded: LoadedModel, limits: Limits) -> ServedModel:
         """A loaded model's batcher, pipeline and metrics; its batcher starts at once."""
         info = loaded.info
-        policy = BatchPolicy(
-            max_batch_tokens=info.max_batch_tokens,
-            max_batch_size=self.config.max_batch_size,
-            max_queue_tokens=self.config.max_queue_tokens,
-            max_delay=self.config.max_delay_seconds,
-            max_padding_ratio=self.config.max_padding_ratio,
-        )
+        policy = batch_policy(self.config, info.max_batch_tokens)
         metrics = self.metrics.for_model(info.name)
         batcher = Batcher(
             OnnxBackend(loaded.runtime),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.manifest import Manifest
-from server.batcher import Batcher
+from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
 from server.pipeline import Pipeline
@@ -61,6 +61,24 @@ class ServedModel:
         return self.pipeline.batcher
 
 
+def batch_token_budget(runtime: OnnxRuntime, config: ServerConfig, max_length: int) -> int:
+    """--max-batch-tokens, lowered to what one batch of this model runs within --max-batch-seconds."""
+    if config.max_batch_seconds <= 0:
+        return config.max_batch_tokens
+    return runtime.batch_tokens_within(config.max_batch_seconds, max_length, config.max_batch_tokens)
+
+
+def batch_policy(config: ServerConfig, max_batch_tokens: int) -> BatchPolicy:
+    """The batcher's policy for a model whose token budget is max_batch_tokens (batch_token_budget)."""
+    return BatchPolicy(
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=config.max_batch_size,
+        max_queue_tokens=config.max_queue_tokens,
+        max_delay=config.max_delay_seconds,
+        max_padding_ratio=config.max_padding_ratio,
+    )
+
+
 def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = None) -> LoadedModel:
     """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
     model_dir = Path(model_dir)
@@ -70,9 +88,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
     )
     runtime = OnnxRuntime(model_dir, options, pad_id=manifest.pad_id)
-    max_batch_tokens = config.max_batch_tokens
-    if config.max_batch_seconds > 0:
-        max_batch_tokens = runtime.batch_tokens_within(config.max_batch_seconds, tokenizer.max_length, max_batch_tokens)
+    max_batch_tokens = batch_token_budget(runtime, config, tokenizer.max_length)
     runtime.warm_up(tokenizer.max_length, max_batch_tokens, config.max_batch_size)
     info = ModelInfo(
         name=name or manifest.model_id,
