@@ -66,3 +66,41 @@ def test_without_truncation_a_long_text_is_refused_naming_it(tokenizer: TextToke
     with pytest.raises(InvalidInput, match=r"inputs\[1\] has \d+ tokens, more than the limit of 32"):
         tokenizer.encode(["short", "word " * 100], truncate=False)
     assert np.array_equal(tokenizer.encode(["short"], truncate=False).rows[0], whole(tokenizer, "short")[0])
+
+
+ascii_texts = st.text(st.characters(max_codepoint=127), min_size=1, max_size=300)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(ascii_texts, st.lists(words, min_size=1, max_size=40).map(" ".join)))
+def test_the_ascii_twins_give_the_full_normalisers_ids(tokenizer: TextTokenizer, text: str) -> None:
+    """Clean ASCII takes the twins (lowercasing only); anything else, control characters included, the full
+    normaliser. Either way the ids are the full normaliser's, truncated or not."""
+    assert tokenizer.ascii_twins is not None  # the tiny tokenizer's normaliser is BERT's
+    truncated = tokenizer.encode([text], truncate=True).rows[0].tolist()
+    assert truncated == tokenizer.truncating.encode(text).ids
+    full = tokenizer.counting.encode(text).ids
+    if len(full) <= tokenizer.max_length:
+        assert tokenizer.encode([text], truncate=False).rows[0].tolist() == full
+
+
+def test_only_clean_ascii_takes_the_twins(tokenizer: TextTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    used = []
+    twins = tokenizer.ascii_twins
+    assert twins is not None
+
+    class Spy:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def encode_batch_fast(self, texts: list[str]) -> object:
+            used.append(texts)
+            return self.inner.encode_batch_fast(texts)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(tokenizer, "ascii_twins", (Spy(twins[0]), Spy(twins[1])))
+    tokenizer.encode(["The River\tBank"], truncate=True)
+    tokenizer.encode(["The River Bank"], truncate=False)
+    assert used == [["The River\tBank"], ["The River Bank"]]
+    for text in ("café", "bell\x07", "null\x00"):
+        tokenizer.encode([text], truncate=True)
+    assert len(used) == 2
