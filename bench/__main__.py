@@ -281,9 +281,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["bench_seconds"] = time.time() - started
     results["command"] = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     args.out.mkdir(parents=True, exist_ok=True)
-    # The raw figures first: a report that fails to render leaves the run's readings behind.
-    (args.out / "benchmarks.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_report(results, args.out)
+    write_report(results, args.out)  # benchmarks.json first: a report that fails to render leaves the readings
     for target, measured, bar, met in targets(results):
         label = {True: "met   ", False: "MISSED", None: "NOT MEASURED"}[met]
         print(f"{label} {target}: {measured} (bar {bar})")

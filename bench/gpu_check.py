@@ -12,7 +12,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import shlex
 import subprocess
 import sys
@@ -26,7 +25,6 @@ import onnxruntime as ort
 
 from bench.measure import ROOT, cpu_name, merge_counts, traffic, workers_reading
 from bench.report import table
-from loadtest.texts import load_pool
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
 
@@ -172,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
     )
     if "parity" in steps:
-        texts = load_pool().mixed(random.Random(0), PARITY_TEXTS)
+        texts = traffic(PARITY_TEXTS)
         report["parity"] = {
             "trained": parity(args.model_dir, texts),
             "all-MiniLM-L6-v2": parity(args.model_dir / "minilm", texts),

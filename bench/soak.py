@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -20,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen
+from bench.measure import traffic
 from loadtest.run import ROOT, local_server
-from loadtest.texts import load_pool
 from server.memory import rss_bytes
 
 SAMPLE_SECONDS = 10.0
@@ -54,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", default="artifacts")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     args = parser.parse_args(argv)
-    texts = load_pool().mixed(random.Random(0), 2000)
+    texts = traffic(2000)
     with local_server(args.model_dir) as server:
         samples = drive(server.target, server.process.pid, args.minutes * 60, args.concurrency, texts)
     warm = max(1, min(int(60 / SAMPLE_SECONDS), len(samples) // 2))

@@ -9,8 +9,9 @@ rounds over 500 of the benchmark's texts, one text a call, 2026-11-25, AMD EPYC 
 Texts in plain ASCII without control characters are tokenized by twins of the two instances whose
 normaliser keeps only what BERT's does to such text (lowercasing, or nothing for a cased model): the
 full one also decomposes Unicode, strips accents and cleans control characters, which leaves such text
-unchanged but costs a third of the time (24.7 against 35.9 us a text, best of 3 rounds over 2,000 of
-the benchmark's texts, 2026-11-25, 2-core Intel Xeon VM). The ids are the same, which a test checks.
+unchanged and takes about a third of the time (24.7 against 35.9 us a text with the twins, best of 3
+rounds over 2,000 of the benchmark's texts, 2026-11-25, 2-core Intel Xeon VM). The ids are the same,
+which a test checks.
 
 With truncation on, ``cut`` first shortens a long text at a word boundary: the tokenizer splits words
 at whitespace before WordPiece, so a prefix made of whole words gives the same first tokens as the
@@ -20,7 +21,6 @@ for a fraction of the work and memory (a 20,000-character input costs ~max_lengt
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,7 +73,7 @@ class TextTokenizer:
         self.counting.no_truncation()
         self.cut_chars = self.max_length * CUT_CHARS_PER_TOKEN
         # (truncating, counting) with the normaliser's ASCII part only; None where the normaliser is not BERT's.
-        self.ascii_twins = _ascii_twins(Path(path), self.truncating, self.counting)
+        self.ascii_twins = _ascii_twins(self.truncating, self.counting)
 
     def cut(self, text: str) -> str:
         """A prefix of whole words that tokenizes, truncated, exactly like ``text`` (or ``text`` itself)."""
@@ -127,14 +127,13 @@ class TextTokenizer:
         return Encoded(rows, [i for i, e in enumerate(encodings) if e.overflowing])
 
 
-def _ascii_twins(path: Path, *instances: Tokenizer) -> tuple[Tokenizer, Tokenizer] | None:
-    """Copies of the instances whose normaliser does only what BERT's does to clean ASCII text."""
-    normalizer = json.loads(path.read_text()).get("normalizer") or {}
-    if normalizer.get("type") != "BertNormalizer":
+def _ascii_twins(truncating: Tokenizer, counting: Tokenizer) -> tuple[Tokenizer, Tokenizer] | None:
+    """Copies of the two instances whose normaliser does only what BERT's does to clean ASCII text."""
+    normalizer = truncating.normalizer
+    if not isinstance(normalizer, normalizers.BertNormalizer):
         return None
-    twins = []
-    for instance in instances:
-        twin = Tokenizer.from_str(instance.to_str())
-        twin.normalizer = normalizers.Lowercase() if normalizer.get("lowercase", True) else None
-        twins.append(twin)
-    return twins[0], twins[1]
+    ascii_part = normalizers.Lowercase() if normalizer.lowercase else None
+    twins = Tokenizer.from_str(truncating.to_str()), Tokenizer.from_str(counting.to_str())
+    for twin in twins:
+        twin.normalizer = ascii_part
+    return twins
