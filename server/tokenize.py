@@ -132,8 +132,7 @@ def _ascii_twins(truncating: Tokenizer, counting: Tokenizer) -> tuple[Tokenizer,
     normalizer = truncating.normalizer
     if not isinstance(normalizer, normalizers.BertNormalizer):
         return None
-    ascii_part = normalizers.Lowercase() if normalizer.lowercase else None
     twins = Tokenizer.from_str(truncating.to_str()), Tokenizer.from_str(counting.to_str())
-    for twin in twins:
-        twin.normalizer = ascii_part
+    for twin in twins:  # each its own normaliser object, as each instance has its own everything else
+        twin.normalizer = normalizers.Lowercase() if normalizer.lowercase else None
     return twins
