@@ -20,6 +20,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -151,27 +152,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument("--texts", required=True, help="JSON list of texts")
-    parser.add_argument("--texts-per-request", type=int, default=1)
+    parser.add_argument("--texts-per-request", dest="per_request", type=int, default=1)
     parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--raw-latencies", action="store_true", help="also print every latency (to merge processes)")
-    args = parser.parse_args(argv)
-    with open(args.texts) as f:
-        texts = json.load(f)
-    result = asyncio.run(
-        run(
-            args.target,
-            args.concurrency,
-            args.duration,
-            args.warmup,
-            texts,
-            args.texts_per_request,
-            args.watch_pid,
-            args.protocol,
-            args.raw_latencies,
-        )
-    )
-    json.dump(result, sys.stdout)
+    args = vars(parser.parse_args(argv))
+    args["texts"] = json.loads(Path(args["texts"]).read_text())
+    json.dump(asyncio.run(run(**args)), sys.stdout)
 
 
 if __name__ == "__main__":

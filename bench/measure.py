@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -187,36 +188,48 @@ def matmul_peak_flops(threads: int, n: int = 2048) -> float:
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats=10)
 
 
-def loadgen_command(target: str, concurrency: int, texts_file: Path, duration: float, per_request: int) -> list[str]:
-    """`python -m bench.loadgen` with these settings; callers add --protocol, --watch-pid, --raw-latencies."""
-    settings = {"target": target, "concurrency": concurrency, "duration": duration, "texts": texts_file}
-    settings["texts-per-request"] = per_request
-    return [sys.executable, "-m", "bench.loadgen", *(x for k, v in settings.items() for x in (f"--{k}", str(v)))]
-
-
-def load_sweep(  # type: ignore[type-arg]
+def load(  # type: ignore[type-arg]
     target: str,
-    concurrencies: Sequence[int],
+    concurrency: int,
     texts_file: Path,
     duration: float,
     per_request: int = 1,
-    watch_pid: int | None = None,
     protocol: str = "grpc",
-) -> list[dict]:
-    """One load-generator run per concurrency level, in turn; the readings in that order."""
-    results = []
-    extra = ["--protocol", protocol] + (["--watch-pid", str(watch_pid)] if watch_pid else [])
-    for concurrency in concurrencies:
-        command = loadgen_command(target, concurrency, texts_file, duration, per_request) + extra
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
-        results.append(last := json.loads(done.stdout))
-        print(
-            f"  {protocol} c={concurrency} x {per_request} texts: {last['texts_per_second']:.0f} texts/s, "
-            f"{last['requests_per_second']:.0f} requests/s, "
-            f"p50 {last['p50_ms']:.2f} ms, p99 {last['p99_ms']:.2f} ms, errors {last['errors']}",
-            flush=True,
-        )
-    return results
+    watch_pid: int | None = None,
+    processes: int = 1,
+) -> dict:
+    """One reading of `python -m bench.loadgen`: `concurrency` clients sending `per_request` texts each.
+
+    With several `processes`, that many load generators at once, each with its own connection and
+    `concurrency` clients: one process holds one HTTP/2 connection, which the kernel hands to one `--workers`
+    process and whose client is itself limited to one core, so only several processes can load a server
+    with more cores than that. Their rates add up; latency percentiles are over all their requests.
+    """
+    settings = {"target": target, "concurrency": concurrency, "duration": duration, "texts": texts_file}
+    settings |= {"texts-per-request": per_request, "protocol": protocol} | (
+        {"watch-pid": watch_pid} if watch_pid else {}
+    )
+    command = [sys.executable, "-m", "bench.loadgen", *(x for k, v in settings.items() for x in (f"--{k}", str(v)))]
+    running = [
+        subprocess.Popen([*command, *(["--raw-latencies"] if processes > 1 else [])], cwd=ROOT, stdout=subprocess.PIPE)
+        for _ in range(processes)
+    ]
+    readings = [json.loads(p.communicate()[0]) for p in running]
+    if any(p.returncode for p in running):
+        raise RuntimeError(f"a load generator failed against {target}")
+    reading = readings[0] if processes == 1 else merge_readings(readings)
+    kinds = f" {reading['error_kinds']}" if reading["errors"] else ""
+    print(
+        f"  {protocol} {processes} x c={concurrency} x {per_request} texts: {reading['texts_per_second']:.0f} texts/s, "
+        f"p50 {reading['p50_ms']:.2f} ms, p99 {reading['p99_ms']:.2f} ms, errors {reading['errors']}{kinds}",
+        flush=True,
+    )
+    return reading
+
+
+def load_sweep(target: str, concurrencies: Sequence[int], *args: Any, **options: Any) -> list[dict]:  # type: ignore[type-arg]
+    """One `load` reading per concurrency level, in turn; the readings in that order."""
+    return [load(target, concurrency, *args, **options) for concurrency in concurrencies]
 
 
 def wait_workers_ready(metrics_port: int, workers: int, timeout: float = 120) -> None:
@@ -245,28 +258,13 @@ def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
     return merged
 
 
-def load_parallel(  # type: ignore[type-arg]
-    target: str, processes: int, concurrency: int, texts_file: Path, duration: float, per_request: int = 1
-) -> dict:
-    """`processes` load generators at once, each with its own connection and `concurrency` clients.
-
-    One process holds one HTTP/2 connection, which the kernel hands to one `--workers` process and whose
-    client is itself limited to one core: where the server has more cores than that, only several
-    connections from several processes can load it. Latency percentiles are over all processes' requests.
-    """
-    command = loadgen_command(target, concurrency, texts_file, duration, per_request)
-    running = [
-        subprocess.Popen([*command, "--raw-latencies"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        for _ in range(processes)
-    ]
-    readings = [json.loads(p.communicate()[0]) for p in running]
-    if any(p.returncode for p in running):
-        raise RuntimeError(f"a load generator failed against {target}")
+def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
+    """Several load generators' readings as one: rates added, percentiles over every request's latency."""
     ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
-    merged = {
-        "processes": processes,
-        "concurrency": processes * concurrency,
-        "texts_per_request": per_request,
+    return {
+        "processes": len(readings),
+        "concurrency": sum(r["concurrency"] for r in readings),
+        "texts_per_request": readings[0]["texts_per_request"],
         "texts_per_second": sum(r["texts_per_second"] for r in readings),
         "requests_per_second": sum(r["requests_per_second"] for r in readings),
         "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
@@ -274,13 +272,6 @@ def load_parallel(  # type: ignore[type-arg]
         "errors": sum(r["errors"] for r in readings),
         "error_kinds": merge_counts(r["error_kinds"] for r in readings),
     }
-    print(
-        f"  {processes} x c={concurrency} x {per_request} texts: {merged['texts_per_second']:.0f} texts/s, "
-        f"p50 {merged['p50_ms']:.2f} ms, p99 {merged['p99_ms']:.2f} ms, "
-        f"errors {merged['errors']} {merged['error_kinds']}",
-        flush=True,
-    )
-    return merged
 
 
 def workers_reading(  # type: ignore[type-arg]
@@ -299,8 +290,8 @@ def workers_reading(  # type: ignore[type-arg]
     extra = [*flags, "--workers", str(workers), "--metrics-port", str(metrics_port)]
     with local_server(str(model_dir), extra) as server:
         wait_workers_ready(metrics_port, workers)
-        single = load_parallel(server.target, processes, 128 // processes, texts_file, duration)
-        batch8 = load_parallel(server.target, processes, 32 // processes, texts_file, duration, 8)
+        single = load(server.target, 128 // processes, texts_file, duration, processes=processes)
+        batch8 = load(server.target, 32 // processes, texts_file, duration, 8, processes=processes)
         return {"single": single, "batch8": batch8, **(after_load() if after_load else {})}
 
 
@@ -351,7 +342,7 @@ def compare_protocols(  # type: ignore[type-arg]
             for per_request, clients in loads:
                 for name, target in targets.items():
                     protocol = "grpc" if name == "grpc" else "http"
-                    reading = load_sweep(target, (clients,), texts_file, seconds, per_request, protocol=protocol)[0]
+                    reading = load(target, clients, texts_file, seconds, per_request, protocol)
                     results.setdefault(f"{per_request}x{clients}", {}).setdefault(name, []).append(reading)
     return results
 

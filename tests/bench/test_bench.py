@@ -233,11 +233,11 @@ def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None
 
 
 def test_parallel_load_generators_add_up_and_merge_their_latencies(served: ServerThread, tmp_path: Path) -> None:
-    from bench.measure import load_parallel
+    from bench.measure import load
 
     texts = tmp_path / "texts.json"
     texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
-    merged = load_parallel(served.target, 2, 3, texts, 1.0, 2)
+    merged = load(served.target, 3, texts, 1.0, 2, processes=2)
     assert merged["processes"] == 2 and merged["concurrency"] == 6 and merged["errors"] == 0
     assert merged["texts_per_second"] == 2 * merged["requests_per_second"] > 0
     assert 0 < merged["p50_ms"] <= merged["p99_ms"]
