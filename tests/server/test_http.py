@@ -414,3 +414,80 @@ def test_tokenize_refuses_bad_requests_with_openai_errors(served_http: ServerThr
     assert response.json()["error"]["param"] == param
     assert post(served_http, {"inputs": "ok", "model": "nope"}, path="/tokenize").status_code == 404
     assert post(served_http, {"inputs": "ok"}, token="", path="/tokenize").status_code == 401
+
+
+class RecordingTransport(asyncio.Transport):
+    """A connection that records what the protocol writes to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def served_by_the_protocol(*requests: bytes) -> list[bytes]:
+    """What the server's HTTP protocol writes on one connection for these requests, each answered by an app
+    that reads the body and sends a head and a body, as the API does."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from server.http import protocol_class
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def serve() -> list[bytes]:
+        config = uvicorn.Config(app, http="httptools", lifespan="off", access_log=False)
+        config.load()
+        protocol = protocol_class(10.0)(config=config, server_state=ServerState(), app_state={})
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        for data in requests:
+            answered = len(transport.writes)
+            protocol.data_received(data)
+            for _ in range(1000):  # every request ends in "!", so its response does
+                if len(transport.writes) > answered and transport.writes[-1].endswith(b"!"):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError(f"no response within 10 s to {data!r}: {transport.writes}")
+        protocol.connection_lost(None)
+        return transport.writes
+
+    return asyncio.run(serve())
+
+
+def test_a_response_leaves_in_one_write_and_100_continue_at_once() -> None:
+    """uvicorn writes a response's head and its body separately: two sends, two wake-ups of the client."""
+    plain = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello!"
+    expecting = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nhi!"
+    writes = served_by_the_protocol(plain, expecting)
+    assert len(writes) == 3, writes
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\nhello!")
+    assert writes[1] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert writes[2].startswith(b"HTTP/1.1 200 OK\r\n") and writes[2].endswith(b"\r\n\r\nhi!")
