@@ -119,6 +119,12 @@ class ServerConfig:
         "let ONNX Runtime's threads busy-wait between operators; off leaves the cores to the event loop (single-text "
         "traffic on 2 cores: same or more texts/s for a quarter less CPU per request); turn on where compute dominates",
     )
+    one_thread_batch_tokens: int = setting(
+        -1,
+        "batches of at most this many padded tokens run on a second, one-thread ONNX Runtime session, where "
+        "threads cost more than they save (-1 = the most for which one thread measured no slower at warm-up, "
+        "0 = off; CPU only)",
+    )
     tokenizer_threads: int = setting(2, "threads tokenizing off the event loop")
     workers: int = setting(1, "server processes sharing the port (SO_REUSEPORT); worker i serves metrics on port + i")
     reuse_port: bool = setting(False, "let several processes bind the port (set for each worker by `--workers`)")
@@ -160,6 +166,8 @@ class ServerConfig:
             problems.append("workers must be at least 1")
         if self.max_streams < 1:
             problems.append("max_streams must be at least 1")
+        if self.one_thread_batch_tokens < -1:
+            problems.append("one_thread_batch_tokens must be -1 (measured), 0 (off) or a number of tokens")
         problems.extend(_model_problems(self.model))
         if problems:
             raise ValueError("; ".join(problems))

@@ -7,6 +7,7 @@ protobuf; the servicers turn these objects into their protocols' messages.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from server.runtime import OnnxRuntime, RuntimeOptions
 from server.tokenize import TextTokenizer
 
 VERSION = "0.1.0"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
     )
     runtime = OnnxRuntime(model_dir, options, pad_id=manifest.pad_id)
+    one_thread = runtime.use_one_thread_up_to(config.one_thread_batch_tokens, tokenizer.max_length)
+    if one_thread:
+        log.info("%s: batches of at most %d padded tokens run on one thread", manifest.model_id, one_thread)
     max_batch_tokens = batch_token_budget(runtime, config, tokenizer.max_length)
     runtime.warm_up(tokenizer.max_length, max_batch_tokens, config.max_batch_size)
     info = ModelInfo(

@@ -1,4 +1,9 @@
-"""The ONNX Runtime backend: one InferenceSession, the provider that really loaded, warm-up.
+"""The ONNX Runtime backend: the InferenceSession, the provider that really loaded, warm-up.
+
+On the CPU a second, one-thread session may run the small batches: there ONNX Runtime's fork and join
+across threads costs more than it saves (the trained model, d_model 128, ran one text in 144 against 214
+us on one thread and on two, back to back, 2026-11-25, 2-core Intel Xeon VM). How small is measured at
+warm-up (``one_thread_batch_tokens``).
 
 Pre-processing (padding token id rows into numpy) and the core call (``session.run``) live here;
 post-processing (normalisation) is the service's. Nothing here knows about gRPC or batching.
@@ -10,6 +15,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 import platform
 import sys
 import threading
@@ -40,6 +46,22 @@ class RuntimeOptions:
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = 1
     spinning: bool = False  # let intra-op threads busy-wait between ops (see ServerConfig.intra_op_spinning)
+
+
+# Batch shapes (rows, tokens) timed on one thread and on the session's threads: padded tokens double each step.
+ONE_THREAD_LADDER = ((1, 8), (1, 16), (1, 32), (1, 64), (1, 128), (2, 128), (4, 128), (8, 128), (16, 128))
+ONE_THREAD_RUNS = 7  # timed runs per shape and session, interleaved; their medians are compared
+
+
+def one_thread_limit(sizes: Sequence[int], one_thread: Sequence[float], threaded: Sequence[float]) -> int:
+    """The most padded tokens up to which one thread was no slower, at every size up to it (0: not even the
+    smallest). Sizes ascend; times are per size, in seconds."""
+    limit = 0
+    for size, one, many in zip(sizes, one_thread, threaded, strict=True):
+        if one > many:
+            break
+        limit = size
+    return limit
 
 
 def pad_rows(rows: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +133,21 @@ def _providers_for(option: str) -> list[str | tuple[str, dict[str, str]]]:
     return [CPU]
 
 
+def _open_session(
+    path: Path, options: RuntimeOptions, threads: int, providers: list[str | tuple[str, dict[str, str]]]
+) -> ort.InferenceSession:
+    session_options = ort.SessionOptions()
+    session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session_options.intra_op_num_threads = threads
+    session_options.inter_op_num_threads = options.inter_op_threads
+    session_options.log_severity_level = 3
+    spin = "1" if options.spinning else "0"
+    session_options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    session_options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    session_options.add_session_config_entry("session.set_denormal_as_zero", "1")
+    return ort.InferenceSession(str(path), session_options, providers=providers)
+
+
 class OnnxRuntime:
     """Runs the exported encoder. ``run`` is thread-safe and releases the GIL while it computes."""
 
@@ -118,21 +155,12 @@ class OnnxRuntime:
         path = Path(model_dir) / MODEL_FILES[options.precision]
         if not path.is_file():
             raise ModelNotFound(f"{path} not found: run `make export` (or point --model-dir at the artifacts)")
-        session_options = ort.SessionOptions()
-        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session_options.intra_op_num_threads = options.intra_op_threads
-        session_options.inter_op_num_threads = options.inter_op_threads
-        session_options.log_severity_level = 3
-        spin = "1" if options.spinning else "0"
-        session_options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-        session_options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        session_options.add_session_config_entry("session.set_denormal_as_zero", "1")
         wanted = _providers_for(options.provider)
         # onnxruntime-gpu lists CUDA even where CUDA/cuDNN are missing; asking for it there logs a
         # screen of errors before falling back. Silence the probe; get_providers() tells the truth.
         ort.set_default_logger_severity(4)
         try:
-            self.session = ort.InferenceSession(str(path), session_options, providers=wanted)
+            self.session = _open_session(path, options, options.intra_op_threads, wanted)
         finally:
             ort.set_default_logger_severity(2)
         self.providers: list[str] = self.session.get_providers()
@@ -145,6 +173,9 @@ class OnnxRuntime:
         self.precision = options.precision
         self.dim = int(self.session.get_outputs()[0].shape[1])
         self.model_path = path
+        self.options = options
+        self.one_thread_session: ort.InferenceSession | None = None
+        self.one_thread_batch_tokens = 0  # batches of at most this many padded tokens run on one thread
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """input_ids, attention_mask: int64 (B, T) -> float32 (B, dim), not normalised."""
@@ -152,11 +183,50 @@ class OnnxRuntime:
             _threads.flushing_denormals = flush_denormals_on_this_thread()
             if not _threads.flushing_denormals:
                 log.info("denormal floats are not flushed to zero on this platform (%s)", platform.machine())
-        outputs = self.session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": attention_mask})
+        small = self.one_thread_session is not None and input_ids.size <= self.one_thread_batch_tokens
+        session = self.one_thread_session if small else self.session
+        outputs = session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": attention_mask})  # type: ignore[union-attr]
         return np.asarray(outputs[0], dtype=np.float32)
 
     def run_rows(self, rows: Sequence[np.ndarray]) -> np.ndarray:
         return self.run(*pad_rows(rows, self.pad_id))
+
+    def use_one_thread_up_to(self, tokens: int, max_len: int) -> int:
+        """Run batches of at most ``tokens`` padded tokens on a second, one-thread session; -1 measures how
+        many (``one_thread_limit`` over ``ONE_THREAD_LADDER``, both sessions warmed up first), 0 runs every
+        batch on the main session. Only on the CPU, where the main session has more than one thread.
+        Returns the limit now in force.
+        """
+        threads = self.options.intra_op_threads or os.cpu_count() or 1
+        if tokens == 0 or self.provider != CPU or threads == 1:
+            self.one_thread_session, self.one_thread_batch_tokens = None, 0
+            return 0
+        self.one_thread_session = _open_session(self.model_path, self.options, 1, [CPU])
+        if tokens < 0:
+            tokens = self._measure_one_thread_limit(max_len)
+        self.one_thread_batch_tokens = tokens
+        if not tokens:
+            self.one_thread_session = None  # its memory back
+        return tokens
+
+    def _measure_one_thread_limit(self, max_len: int) -> int:
+        shapes = sorted({(rows, min(length, max_len)) for rows, length in ONE_THREAD_LADDER}, key=lambda s: s[0] * s[1])
+        timed: dict[str, list[float]] = {"one": [], "threaded": []}
+        for rows, length in shapes:
+            ids = np.full((rows, length), self.pad_id + 1, dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            seconds: dict[str, list[float]] = {"one": [], "threaded": []}
+            for _ in range(ONE_THREAD_RUNS + 1):  # the first run of each shape pays for its memory: not counted
+                for name, session in (("one", self.one_thread_session), ("threaded", self.session)):
+                    started = time.perf_counter()
+                    session.run(["embeddings"], feeds)  # type: ignore[union-attr]
+                    seconds[name].append(time.perf_counter() - started)
+            for name, values in seconds.items():
+                timed[name].append(float(np.median(values[1:])))
+            if timed["one"][-1] > timed["threaded"][-1]:
+                break  # one_thread_limit stops here too: larger shapes would not be used
+        sizes = [rows * length for rows, length in shapes][: len(timed["one"])]
+        return one_thread_limit(sizes, timed["one"], timed["threaded"])
 
     def batch_tokens_within(self, seconds: float, max_len: int, max_batch_tokens: int) -> int:
         """The most padded tokens, in whole rows of ``max_len``, that one batch computes within ``seconds``.

@@ -84,3 +84,49 @@ def test_cuda_fp32_equals_the_cpu(tiny_artifacts: Path) -> None:
     cuda = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cuda"), pad_id=0)
     assert cuda.providers[0] == "CUDAExecutionProvider"
     assert np.abs(cuda.run(ids, mask) - cpu.run(ids, mask)).max() <= 1e-4
+
+
+class RecordingSession:
+    """An InferenceSession that counts its runs."""
+
+    def __init__(self, session: object) -> None:
+        self.session = session
+        self.runs = 0
+
+    def run(self, *args: object) -> object:
+        self.runs += 1
+        return self.session.run(*args)  # type: ignore[attr-defined]
+
+
+def test_small_batches_run_on_the_one_thread_session_and_agree_with_the_threaded_one(tiny_artifacts: Path) -> None:
+    runtime = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu", intra_op_threads=2), pad_id=0)
+    assert runtime.use_one_thread_up_to(8, max_len=16) == 8
+    one, threaded = RecordingSession(runtime.one_thread_session), RecordingSession(runtime.session)
+    runtime.one_thread_session, runtime.session = one, threaded  # type: ignore[assignment]
+    small, large = np.full((2, 4), 5, dtype=np.int64), np.full((3, 4), 5, dtype=np.int64)  # 8 and 12 tokens
+    on_one = runtime.run(small, np.ones_like(small))
+    assert (one.runs, threaded.runs) == (1, 0)
+    runtime.run(large, np.ones_like(large))
+    assert (one.runs, threaded.runs) == (1, 1)
+    runtime.one_thread_batch_tokens = 0
+    np.testing.assert_allclose(runtime.run(small, np.ones_like(small)), on_one, atol=1e-6)
+    assert (one.runs, threaded.runs) == (1, 2)
+
+
+def test_no_second_session_when_off_on_one_thread_or_when_one_thread_is_never_faster(tiny_artifacts: Path) -> None:
+    threaded = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu", intra_op_threads=2), pad_id=0)
+    assert threaded.use_one_thread_up_to(0, max_len=16) == 0 and threaded.one_thread_session is None
+    single = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu", intra_op_threads=1), pad_id=0)
+    assert single.use_one_thread_up_to(-1, max_len=16) == 0 and single.one_thread_session is None
+    measured = threaded.use_one_thread_up_to(-1, max_len=16)  # the ladder, cut at the model's 16 tokens
+    assert measured in (0, 8, 16, 32, 64, 128, 256)
+    assert (threaded.one_thread_session is None) == (measured == 0)
+
+
+def test_the_one_thread_limit_is_the_last_size_of_the_first_run_where_one_thread_is_no_slower() -> None:
+    from server.runtime import one_thread_limit
+
+    sizes = [8, 16, 32, 64]
+    assert one_thread_limit(sizes, [1.0, 1.0, 3.0, 1.0], [2.0, 1.0, 2.0, 2.0]) == 16  # stops at the first loss
+    assert one_thread_limit(sizes, [3.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]) == 0
+    assert one_thread_limit(sizes, [1.0] * 4, [2.0] * 4) == 64
