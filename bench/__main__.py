@@ -96,13 +96,15 @@ class WarmModel(NamedTuple):
 
 
 def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
-    """A model's manifest, tokenizer and warmed-up runtime, its rows of the texts, and the batches the server
-    forms of them: its default policy, the token budget lowered to what runs within --max-batch-seconds."""
+    """A model's manifest, tokenizer and warmed-up runtime (small batches on one thread where the server runs them
+    so), its rows of the texts, and the batches the server forms of them: its default policy, the token budget
+    lowered to what runs within --max-batch-seconds."""
     manifest = Manifest.read(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json")
     rows = tokenizer.encode(texts, truncate=True).rows
     runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, spinning=True), pad_id=manifest.pad_id)
     defaults = ServerConfig()
+    runtime.use_one_thread_up_to(defaults.one_thread_batch_tokens, tokenizer.max_length)  # small batches as served
     policy = batch_policy(defaults, batch_token_budget(runtime, defaults, tokenizer.max_length))
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     return WarmModel(manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
@@ -272,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_batch_tokens": policy.max_batch_tokens,
         "default_max_batch_tokens": ServerConfig().max_batch_tokens,
         "max_batch_size": policy.max_batch_size,
+        "one_thread_batch_tokens": runtime.one_thread_batch_tokens,
         "max_queue_tokens": policy.max_queue_tokens,
         "max_delay_ms": ServerConfig().max_delay_ms,
         "texts": TRAFFIC_TEXTS,
