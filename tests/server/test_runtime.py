@@ -12,7 +12,14 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from server.runtime import CAN_FLUSH_DENORMALS, OnnxRuntime, RuntimeOptions, flush_denormals_on_this_thread, pad_rows
+from server.runtime import (
+    CAN_FLUSH_DENORMALS,
+    OnnxRuntime,
+    RuntimeOptions,
+    flush_denormals_on_this_thread,
+    pad_rows,
+    rows_within,
+)
 
 T = TypeVar("T")
 
@@ -130,3 +137,15 @@ def test_the_one_thread_limit_is_the_last_size_of_the_first_run_where_one_thread
     assert one_thread_limit(sizes, [1.0, 1.0, 3.0, 1.0], [2.0, 1.0, 2.0, 2.0]) == 16  # stops at the first loss
     assert one_thread_limit(sizes, [3.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]) == 0
     assert one_thread_limit(sizes, [1.0] * 4, [2.0] * 4) == 64
+
+
+def test_the_batch_budget_fits_the_batch_it_returns_where_cost_per_token_grows_with_the_batch() -> None:
+    def seconds(rows: int) -> float:  # 10 ms a row, a fifth more for every 10 rows
+        return rows * 0.01 * (1 + rows / 50)
+
+    rows = rows_within(0.5, 256, seconds)
+    most = max(r for r in range(1, 257) if seconds(r) <= 0.5)  # 30
+    assert seconds(rows) <= 0.5  # a guess from 8 rows alone (43) would take 0.80 s
+    assert rows >= 0.8 * most
+    assert rows_within(0.5, 12, seconds) == 12  # capped by the largest batch allowed
+    assert rows_within(0.001, 256, seconds) == 1  # at least one row, however slow
