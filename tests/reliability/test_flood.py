@@ -2,9 +2,9 @@
 
 200 clients send 64 inputs x 20,000 characters each (truncate on, 1.3 MB a message) for 20 s, over 8
 connections and over one, against `python -m server` with the deployment's 1 GiB limit given by flag.
-Meanwhile a second client sends one short text every 25 ms on its own connection. The models are
-untrained ones of the shipped configuration and of all-MiniLM-L6-v2's shape (27x the FLOPs per token):
-cost per token does not depend on training (tests/reliability/cost_models.py).
+Meanwhile a second client sends short texts one after another, 25 ms apart, on its own connection.
+The models are untrained ones of the shipped configuration and of all-MiniLM-L6-v2's shape (27x the
+FLOPs per token): cost per token does not depend on training (tests/reliability/cost_models.py).
 """
 
 from __future__ import annotations
