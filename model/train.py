@@ -85,6 +85,8 @@ class TrainConfig:
     matryoshka_weight: float | None = None  # of each prefix's losses; None = the recipe's (prefix_weight)
     # With a teacher, the similarity-matching loss on each prefix too (else on the full length only).
     matryoshka_distill: bool = True
+    prefix_ranking_weight: float = 0.0  # of each prefix's ranking matched to the full length's (prefix_ranking_loss)
+    prefix_ranking_dims: tuple[int, ...] | None = None  # the prefixes it applies to; None = matryoshka_dims
     # After training, the output's axes are turned to the principal axes of training texts' embeddings: the
     # first components then carry the most variance (a rotation: full-length cosines do not change).
     variance_rotation: bool = True
@@ -199,6 +201,23 @@ def matryoshka_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], tempe
     d components must rank the pairs on their own. a, b: (B, C); dims all < C. Zero when dims is empty."""
     losses = [info_nce(a[:, :d], b[:, :d], temperature) for d in dims]  # each on (B, d)
     return torch.stack(losses).sum() if losses else a.new_zeros(())
+
+
+def prefix_ranking_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], temperature: float) -> torch.Tensor:
+    """Each prefix's in-batch ranking pulled towards the full length's (held fixed): KL divergence between
+    the softmax over a row's candidates at full length and at the first d components, both directions.
+    a, b: (B, C); zero when dims is empty."""
+    a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
+    full = (a @ b.T / temperature).detach()  # (B, B)
+    losses = []
+    for d in dims:
+        ad, bd = F.normalize(a[:, :d], dim=-1), F.normalize(b[:, :d], dim=-1)
+        short = ad @ bd.T / temperature  # (B, B)
+        for target, logits in ((full, short), (full.T, short.T)):
+            losses.append(
+                F.kl_div(F.log_softmax(logits, -1), F.log_softmax(target, -1), reduction="batchmean", log_target=True)
+            )
+    return torch.stack(losses).sum() / 2 if losses else a.new_zeros(())
 
 
 def shortened(vectors: np.ndarray, dims: int) -> np.ndarray:
@@ -378,6 +397,10 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         loss = info_nce(a.float(), p.float(), config.temperature)
         prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
         loss = loss + config.prefix_weight * prefixes
+        if config.prefix_ranking_weight:
+            dims = config.matryoshka_dims if config.prefix_ranking_dims is None else config.prefix_ranking_dims
+            ranking = prefix_ranking_loss(a.float(), p.float(), dims, config.temperature)
+            loss = loss + config.prefix_ranking_weight * ranking
         if teacher is not None:
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
             targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
@@ -556,6 +579,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the teacher's similarity loss on each prefix too",
     )
     parser.add_argument(
+        "--prefix-ranking-weight",
+        type=float,
+        default=defaults.prefix_ranking_weight,
+        help="of each prefix's in-batch ranking matched to the full length's",
+    )
+    parser.add_argument(
+        "--prefix-ranking-dims", help="the prefixes the ranking loss applies to (default: --matryoshka-dims)"
+    )
+    parser.add_argument(
         "--variance-rotation",
         action=argparse.BooleanOptionalAction,
         default=defaults.variance_rotation,
@@ -590,6 +622,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         matryoshka_dims=tuple(int(d) for d in args.matryoshka_dims.split(",") if d.strip()),
         matryoshka_weight=args.matryoshka_weight,
         matryoshka_distill=args.matryoshka_distill,
+        prefix_ranking_weight=args.prefix_ranking_weight,
+        prefix_ranking_dims=None
+        if args.prefix_ranking_dims is None
+        else tuple(int(d) for d in args.prefix_ranking_dims.split(",") if d.strip()),
         variance_rotation=args.variance_rotation,
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )

@@ -127,3 +127,18 @@ def test_the_variance_rotation_orders_the_axes_and_keeps_full_length_cosines() -
     variance = after.var(axis=0)
     assert np.all(np.diff(variance) <= 1e-7) and variance[0] > 2 * variance[-1]  # first axes carry the most
     assert not np.allclose(after, before, atol=1e-3)  # and it did turn them
+
+
+def test_the_prefix_ranking_loss_pulls_each_prefix_towards_the_full_lengths_ranking() -> None:
+    from model.train import prefix_ranking_loss
+
+    a, b = torch.randn(8, 32), torch.randn(8, 32)
+    assert float(prefix_ranking_loss(a, b, (), 0.05)) == 0.0
+    assert float(prefix_ranking_loss(a, b, (16,), 0.05)) > 0.01  # a random prefix ranks otherwise
+    carried = torch.cat([a[:, :16], torch.zeros(8, 16)], dim=1), torch.cat([b[:, :16], torch.zeros(8, 16)], dim=1)
+    assert float(prefix_ranking_loss(*carried, (16,), 0.05)) == pytest.approx(0.0, abs=1e-5)  # the prefix is it all
+    off = train(tiny_train_config())
+    on = train(tiny_train_config(prefix_ranking_weight=1.0))
+    assert on.losses != off.losses  # in the gradient when weighted, and off by default
+    nowhere = train(tiny_train_config(prefix_ranking_weight=1.0, prefix_ranking_dims=()))
+    assert nowhere.losses == off.losses  # on no prefix: nothing added
