@@ -56,6 +56,7 @@ class Backend(Protocol):
 
 
 RESERVED_SHARE = 0.25  # of max_queue_tokens: room only short requests may take
+MEASURED_SHARE = 0.2  # of max_batch_seconds: batches predicted shorter do not move the budget
 SHORT_SHARE = 1 / 64  # of max_queue_tokens: a request this short may use the reserved room (1,024 by default)
 
 
@@ -71,10 +72,18 @@ class BatchPolicy:
     # for the next batch (which follows at once). On padded backends compute grows with items x longest,
     # so splitting mixed lengths costs one more call but saves far more compute.
     max_padding_ratio: float = 0.15
+    # Batch time at warm-up, fixed + per_token x padded tokens (OnnxRuntime.batch_cost). With max_batch_seconds,
+    # the budget follows the load: each batch predicted to take at least a fifth of max_batch_seconds is
+    # compared with its prediction, and the budget shrinks by the slowdown seen (the flood's clients sharing
+    # the cores) and grows back as it passes; 0 = off.
+    max_batch_seconds: float = 0.0
+    fixed_batch_seconds: float = 0.0
+    seconds_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         assert self.max_batch_tokens >= 1 and self.max_batch_size >= 1 and self.max_queue_tokens >= 1
         assert self.sort_window >= 1 and self.max_delay >= 0 and 0.0 <= self.max_padding_ratio <= 1.0
+        assert self.max_batch_seconds >= 0 and self.fixed_batch_seconds >= 0 and self.seconds_per_token >= 0
 
 
 class BatchObserver:
@@ -166,6 +175,8 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
         self._expected_batch_seconds = 0.0  # moving average of recent batch times
+        self.batch_token_budget = policy.max_batch_tokens  # padded tokens a batch may hold now
+        self._slowdown = 1.0  # batch times against the warm-up's, smoothed (at least 1)
         # A backend that fails every batch is reported unhealthy (health NOT_SERVING) and probed with
         # probe_rows every probe_interval seconds until a batch succeeds: once load balancers stop
         # sending, no real batch would ever tell it has recovered.
@@ -433,7 +444,7 @@ class Batcher:
             """Padding one more item adds, or None if it breaks a limit or the padding-ratio cap."""
             new_longest = max(longest, length)
             padded = (count + 1) * new_longest
-            if count + 1 > self.policy.max_batch_size or padded > self.policy.max_batch_tokens:
+            if count + 1 > self.policy.max_batch_size or padded > self.batch_token_budget:
                 return None
             if padded - (real + length) > self.policy.max_padding_ratio * padded:
                 return None
@@ -460,7 +471,7 @@ class Batcher:
     def _take_fifo(self) -> list[_Item]:
         count, longest = 0, 0
         for item in self._queue[: self.policy.max_batch_size]:
-            if count and (count + 1) * max(longest, item.length) > self.policy.max_batch_tokens:
+            if count and (count + 1) * max(longest, item.length) > self.batch_token_budget:
                 break
             count, longest = count + 1, max(longest, item.length)
         batch, self._queue = self._queue[:count], self._queue[count:]
@@ -495,7 +506,22 @@ class Batcher:
         self._running = []
         self._observer.batch_finished(seconds, ok=True)
         self._expected_batch_seconds = 0.7 * self._expected_batch_seconds + 0.3 * seconds
+        self._follow_slowdown(padded_tokens, seconds)
         self._note_success()
+
+    def _follow_slowdown(self, padded_tokens: int, seconds: float) -> None:
+        """Size the budget so that a batch runs within max_batch_seconds at the slowdown measured now."""
+        p = self.policy
+        if not (p.max_batch_seconds and p.seconds_per_token):
+            return
+        predicted = p.fixed_batch_seconds + p.seconds_per_token * padded_tokens
+        if predicted < MEASURED_SHARE * p.max_batch_seconds:
+            return  # a small batch's time is mostly the hand-over to the inference thread
+        self._slowdown = max(1.0, 0.5 * self._slowdown + 0.5 * seconds / predicted)
+        fitting = (p.max_batch_seconds / self._slowdown - p.fixed_batch_seconds) / p.seconds_per_token
+        # Never so small that a batch's time can no longer be measured: then the slowdown could not pass.
+        floor = (MEASURED_SHARE * p.max_batch_seconds - p.fixed_batch_seconds) / p.seconds_per_token
+        self.batch_token_budget = max(1, min(p.max_batch_tokens, round(max(fitting, floor))))
 
     @staticmethod
     def _check_output(output: object, rows: int) -> np.ndarray:

@@ -60,8 +60,9 @@ class ServerConfig:
     max_batch_tokens: int = setting(16384, "padded tokens per batch (items x longest item), the most")
     max_batch_seconds: float = setting(
         0.1,
-        "per model, `--max-batch-tokens` is lowered at warm-up until one batch runs within this long, so a short "
-        "request never waits long behind a running batch (0 = off)",
+        "per model, `--max-batch-tokens` is lowered at warm-up until one batch runs within this long, and lowered "
+        "further while batches run slower than at warm-up (cores shared under a flood), so a short request never "
+        "waits long behind a running batch (0 = off)",
     )
     max_batch_size: int = setting(128, "items per batch")
     max_padding_ratio: float = setting(

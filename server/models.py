@@ -70,14 +70,20 @@ def batch_token_budget(runtime: OnnxRuntime, config: ServerConfig, max_length: i
     return runtime.batch_tokens_within(config.max_batch_seconds, max_length, config.max_batch_tokens)
 
 
-def batch_policy(config: ServerConfig, max_batch_tokens: int) -> BatchPolicy:
-    """The batcher's policy for a model whose token budget is max_batch_tokens (batch_token_budget)."""
+def batch_policy(
+    config: ServerConfig, max_batch_tokens: int, batch_cost: tuple[float, float] = (0.0, 0.0)
+) -> BatchPolicy:
+    """The batcher's policy for a model whose token budget is max_batch_tokens (batch_token_budget) and
+    whose batches cost batch_cost (OnnxRuntime.batch_cost; (0, 0): the budget does not follow the load)."""
     return BatchPolicy(
         max_batch_tokens=max_batch_tokens,
         max_batch_size=config.max_batch_size,
         max_queue_tokens=config.max_queue_tokens,
         max_delay=config.max_delay_seconds,
         max_padding_ratio=config.max_padding_ratio,
+        max_batch_seconds=config.max_batch_seconds,
+        fixed_batch_seconds=batch_cost[0],
+        seconds_per_token=batch_cost[1],
     )
 
 

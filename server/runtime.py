@@ -79,6 +79,21 @@ def rows_within(seconds: float, max_rows: int, time_rows: Callable[[int], float]
     return guess
 
 
+def batch_cost_line(times: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (fixed seconds, seconds per token) through (padded tokens, seconds) readings; the
+    fixed part never below 0. One size alone: all of it per token."""
+    if not times:
+        return 0.0, 0.0
+    tokens = np.array([t for t, _ in times], dtype=np.float64)
+    seconds = np.array([s for _, s in times], dtype=np.float64)
+    if len(set(tokens.tolist())) < 2:
+        return 0.0, float(seconds.sum() / tokens.sum())
+    per_token, fixed = np.polyfit(tokens, seconds, 1)
+    if fixed < 0 or per_token <= 0:
+        return 0.0, float(seconds.sum() / tokens.sum())
+    return float(fixed), float(per_token)
+
+
 def pad_rows(rows: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad int64 token id rows to the longest. Returns input_ids and attention_mask, (B, T)."""
     longest = max(len(r) for r in rows)
@@ -191,6 +206,7 @@ class OnnxRuntime:
         self.options = options
         self.one_thread_session: ort.InferenceSession | None = None
         self.one_thread_batch_tokens = 0  # batches of at most this many padded tokens run on one thread
+        self.batch_times: list[tuple[int, float]] = []  # (padded tokens, seconds) timed by batch_tokens_within
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """input_ids, attention_mask: int64 (B, T) -> float32 (B, dim), not normalised."""
@@ -258,9 +274,15 @@ class OnnxRuntime:
                 started = time.perf_counter()
                 self.run(*feeds)
                 runs.append(time.perf_counter() - started)
-            return float(np.median(runs))
+            self.batch_times.append((rows * max_len, float(np.median(runs))))
+            return self.batch_times[-1][1]
 
         return rows_within(seconds, max(1, max_batch_tokens // max_len), time_rows) * max_len
+
+    def batch_cost(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per padded token) of a batch: a line through the batch times
+        ``batch_tokens_within`` measured; (0, 0) before any."""
+        return batch_cost_line(self.batch_times)
 
     def warm_up(self, max_len: int, max_batch_tokens: int, max_batch_size: int) -> None:
         """First runs allocate memory and pick kernels; pay for that before reporting SERVING.

@@ -529,3 +529,40 @@ def test_the_last_quarter_of_the_queue_takes_only_short_requests() -> None:
         await batcher.close()
 
     asyncio.run(run())
+
+
+def test_the_token_budget_shrinks_by_the_slowdown_under_load_and_grows_back() -> None:
+    async def run() -> None:
+        now, slowdown = [0.0], [1.0]  # the batcher's clock; how much slower than at warm-up batches run
+
+        def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+            now[0] += (0.01 + 1e-4 * len(rows) * max(len(r) for r in rows)) * slowdown[0]
+            return np.ones((len(rows), 2), dtype=np.float32)
+
+        # At warm-up: 10 ms a batch plus 0.1 ms a padded token, so 900 tokens run in 0.1 s.
+        policy = BatchPolicy(
+            max_batch_tokens=900,
+            max_queue_tokens=100_000,
+            max_batch_seconds=0.1,
+            fixed_batch_seconds=0.01,
+            seconds_per_token=1e-4,
+        )
+        batcher = Batcher(backend, policy, clock=lambda: now[0])
+        batcher.start()
+
+        async def load(length: int) -> None:  # 10,000 tokens in rows of one length
+            requests = (batcher.submit([row(length)]) for _ in range(10_000 // length))
+            await asyncio.wait_for(asyncio.gather(*requests), 10)
+
+        await load(10)
+        await load(3)  # batches of short rows: as fast as predicted, so no slower
+        assert batcher.batch_token_budget == 900
+        slowdown[0] = 4.0  # every batch four times slower: a flood's clients share the cores
+        await load(10)
+        assert 140 <= batcher.batch_token_budget <= 170  # towards the 150 tokens that run in 0.1 s now
+        slowdown[0] = 1.0
+        await load(10)
+        assert batcher.batch_token_budget == 900  # back, never past max_batch_tokens
+        await batcher.close()
+
+    asyncio.run(run())

@@ -16,6 +16,7 @@ from server.runtime import (
     CAN_FLUSH_DENORMALS,
     OnnxRuntime,
     RuntimeOptions,
+    batch_cost_line,
     flush_denormals_on_this_thread,
     pad_rows,
     rows_within,
@@ -149,3 +150,12 @@ def test_the_batch_budget_fits_the_batch_it_returns_where_cost_per_token_grows_w
     assert rows >= 0.8 * most
     assert rows_within(0.5, 12, seconds) == 12  # capped by the largest batch allowed
     assert rows_within(0.001, 256, seconds) == 1  # at least one row, however slow
+
+
+def test_the_batch_cost_is_a_line_through_the_timed_batches() -> None:
+    fixed, per_token = batch_cost_line([(1024, 0.002 + 1024 * 8e-6), (8192, 0.002 + 8192 * 8e-6), (4096, 0.034768)])
+    assert fixed == pytest.approx(0.002, abs=1e-6) and per_token == pytest.approx(8e-6, rel=1e-3)
+    assert batch_cost_line([(1000, 0.01), (1000, 0.02)]) == pytest.approx((0.0, 1.5e-5))  # one size: all per token
+    assert batch_cost_line([(1000, 0.02), (2000, 0.03)])[0] == pytest.approx(0.01)
+    assert batch_cost_line([(1000, 0.02), (2000, 0.05)]) == pytest.approx((0.0, 7e-5 / 3))  # no negative fixed part
+    assert batch_cost_line([]) == (0.0, 0.0)
