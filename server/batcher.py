@@ -95,6 +95,9 @@ class BatchObserver:
 
     def batch_finished(self, seconds: float, ok: bool) -> None: ...
 
+    # The padded tokens a batch may hold now: at start, and after every change (BatchPolicy.max_batch_seconds).
+    def budget_changed(self, tokens: int) -> None: ...
+
     # Called with the queue's real contents after every change (submit, batch taken, items dropped).
     def queue_changed(self, items: int, tokens: int) -> None: ...
 
@@ -176,6 +179,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._expected_batch_seconds = 0.0  # moving average of recent batch times
         self.batch_token_budget = policy.max_batch_tokens  # padded tokens a batch may hold now
+        self._observer.budget_changed(self.batch_token_budget)
         self._slowdown = 1.0  # batch times against the warm-up's, smoothed (at least 1)
         # A backend that fails every batch is reported unhealthy (health NOT_SERVING) and probed with
         # probe_rows every probe_interval seconds until a batch succeeds: once load balancers stop
@@ -521,7 +525,10 @@ class Batcher:
         fitting = (p.max_batch_seconds / self._slowdown - p.fixed_batch_seconds) / p.seconds_per_token
         # Never so small that a batch's time can no longer be measured: then the slowdown could not pass.
         floor = (MEASURED_SHARE * p.max_batch_seconds - p.fixed_batch_seconds) / p.seconds_per_token
-        self.batch_token_budget = max(1, min(p.max_batch_tokens, round(max(fitting, floor))))
+        budget = max(1, min(p.max_batch_tokens, round(max(fitting, floor))))
+        if budget != self.batch_token_budget:
+            self.batch_token_budget = budget
+            self._observer.budget_changed(budget)
 
     @staticmethod
     def _check_output(output: object, rows: int) -> np.ndarray:

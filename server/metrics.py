@@ -103,6 +103,13 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.batch_token_budget = Gauge(
+            "embed_batch_token_budget",
+            "Padded tokens a batch may hold now: --max-batch-tokens as lowered at warm-up, lower while batches run "
+            "slower than at warm-up.",
+            ["model"],
+            registry=registry,
+        )
         self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now, all models.", registry=registry)
         self.request_bytes = Gauge(
             "embed_request_bytes",
@@ -210,6 +217,7 @@ class ModelMetrics(BatchObserver):
         self.queue_items = metrics.queue_items.labels(name)
         self.queue_tokens = metrics.queue_tokens.labels(name)
         self.queue_capacity_tokens = metrics.queue_capacity_tokens.labels(name)
+        self.batch_token_budget = metrics.batch_token_budget.labels(name)
         self.inputs = metrics.inputs.labels(name)
         self.tokens = metrics.tokens.labels(name)
         self.batch_failures = metrics.batch_failures.labels(name)
@@ -237,6 +245,9 @@ class ModelMetrics(BatchObserver):
         self.batches.inc()
         if not ok:
             self.batch_failures.inc()
+
+    def budget_changed(self, tokens: int) -> None:
+        self.batch_token_budget.set(tokens)
 
     def queue_changed(self, items: int, tokens: int) -> None:
         self.queue_items.set(items)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from embedding.v1 import embedding_pb2
 from tests.conftest import GatedBackend, ServerThread, eventually, request, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +142,8 @@ def test_counters_move_by_the_right_amounts(monitored: ServerThread) -> None:
     assert delta("embed_tokenize_duration_seconds_count") == 5
     assert delta("embed_queue_duration_seconds_count") == 15
     assert sample(after, "embed_queue_capacity_tokens") == 48
+    warm_up_budget = monitored.stub().Info(embedding_pb2.InfoRequest()).max_batch_tokens
+    assert sample(after, "embed_batch_token_budget") == warm_up_budget  # light traffic: never slower
 
 
 def drive_mixed_traffic(server: ServerThread) -> None:

@@ -547,7 +547,10 @@ def test_the_token_budget_shrinks_by_the_slowdown_under_load_and_grows_back() ->
             fixed_batch_seconds=0.01,
             seconds_per_token=1e-4,
         )
-        batcher = Batcher(backend, policy, clock=lambda: now[0])
+        budgets: list[int] = []
+        observer = BatchObserver()
+        observer.budget_changed = budgets.append  # type: ignore[method-assign]
+        batcher = Batcher(backend, policy, observer=observer, clock=lambda: now[0])
         batcher.start()
 
         async def load(length: int) -> None:  # 10,000 tokens in rows of one length
@@ -563,6 +566,7 @@ def test_the_token_budget_shrinks_by_the_slowdown_under_load_and_grows_back() ->
         slowdown[0] = 1.0
         await load(10)
         assert batcher.batch_token_budget == 900  # back, never past max_batch_tokens
+        assert budgets[0] == 900 and min(budgets) < 170 and budgets[-1] == 900  # each change reported (metrics)
         await batcher.close()
 
     asyncio.run(run())
