@@ -453,16 +453,17 @@ class OneWriteResponses:
     of two). A "100 Continue" goes out at once: the client waits for it before sending the body.
     """
 
-    __slots__ = ("_head", "_transport")
+    __slots__ = ("_head", "_head_sent", "_transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._head = b""
+        self._head_sent = False  # after it every write is body: passed on as it comes
 
     def write(self, data: bytes) -> None:
         if self._head:
-            data, self._head = self._head + data, b""
-        elif data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
+            data, self._head, self._head_sent = self._head + data, b"", True
+        elif not self._head_sent and data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
             self._head = data
             return
         self._transport.write(data)

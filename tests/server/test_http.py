@@ -482,6 +482,17 @@ def served_by_the_protocol(*requests: bytes) -> list[bytes]:
     return asyncio.run(serve())
 
 
+def test_only_the_responses_head_is_held_never_a_later_body_write() -> None:
+    from server.http import OneWriteResponses
+
+    transport = RecordingTransport()
+    writes = OneWriteResponses(transport)
+    writes.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    writes.write(b"part one, ")
+    writes.write(b"HTTP/1.1 starts this part of the body")  # streamed: must leave now, not wait for a write
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\n\r\npart one, ", b"HTTP/1.1 starts this part of the body"]
+
+
 def test_a_response_leaves_in_one_write_and_100_continue_at_once() -> None:
     """uvicorn writes a response's head and its body separately: two sends, two wake-ups of the client."""
     plain = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello!"
