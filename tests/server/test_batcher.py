@@ -131,18 +131,20 @@ def test_admission_refuses_whole_requests_and_queues_nothing() -> None:
 def test_expired_and_cancelled_items_are_never_computed() -> None:
     async def run() -> FakeRuntime:
         runtime = FakeRuntime()
-        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000))
+        now = [100.0]  # the batcher's clock: the deadline passes when the test says so
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), clock=lambda: now[0])
         batcher.start()
         loop = asyncio.get_running_loop()
         first = asyncio.create_task(batcher.submit([row(1)]))
         await settle()
 
-        expired = asyncio.create_task(batcher.submit([row(11), row(11)], deadline=time.monotonic() + 0.01))
+        expired = asyncio.create_task(batcher.submit([row(11), row(11)], deadline=now[0] + 1.0))
         cancelled = asyncio.create_task(batcher.submit([row(12)]))
         kept = asyncio.create_task(batcher.submit([row(13)]))
         await settle()
         cancelled.cancel()
-        await asyncio.sleep(0.05)
+        now[0] += 2.0  # past the deadline while it waits behind the running batch
+        await settle()
         runtime.release.set()
         with pytest.raises(DeadlineExceeded):
             await expired
