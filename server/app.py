@@ -47,6 +47,16 @@ PROBE_TEXT = "backend probe"
 SERVER_HEALTH_NAMES = ("", SERVICE_NAME, INFERENCE_SERVICE_NAME)  # follow every model's backend
 
 
+class CannotListen(Exception):
+    """A port this server was told to listen on cannot be bound: in use, or not an address of this host."""
+
+
+def _cannot_listen(what: str, settings: str, host: str, port: int, error: Exception) -> CannotListen:
+    # gRPC's RuntimeError carries no reason (its core logs it); a socket's OSError says which.
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else "in use, or not an address here"
+    return CannotListen(f"cannot listen for {what} on {host}:{port} ({settings}): {reason}")
+
+
 class EmbeddingServer:
     """One serving process: owns the gRPC server, a batcher per model and the metrics endpoint."""
 
@@ -153,7 +163,11 @@ class EmbeddingServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if config.reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((config.http_host, config.http_port))
+        try:
+            sock.bind((config.http_host, config.http_port))
+        except OSError as e:
+            sock.close()
+            raise _cannot_listen("HTTP", "--http-port, EMBED_HTTP_PORT", config.http_host, config.http_port, e) from e
         sock.set_inheritable(True)
         tls: dict[str, Any] = {}
         if config.tls_cert:
@@ -227,25 +241,12 @@ class EmbeddingServer:
         task.add_done_callback(self._background.discard)
 
     async def start(self) -> int:
-        await self._set_health(NOT_SERVING)
-        address = f"{self.config.host}:{self.config.port}"
-        if self.config.tls_cert:
-            credentials = server_credentials(self.config.tls_cert, self.config.tls_key, self.config.tls_client_ca)
-            self.port = self.grpc_server.add_secure_port(address, credentials)
-        else:
-            self.port = self.grpc_server.add_insecure_port(address)
-        await self.grpc_server.start()
-        if self.health_server is not None:
-            health_address = f"{self.config.health_host}:{self.config.health_port}"
-            self.health_port = self.health_server.add_insecure_port(health_address)
-            await self.health_server.start()
-            log.info("plaintext health service on %s:%d", self.config.health_host, self.health_port)
-        if self.config.http_port >= 0:
-            await self._start_http()
-        if self.config.metrics_port >= 0:
-            self._metrics_http, self.metrics_port = self.metrics.serve(
-                self.config.metrics_host, self.config.metrics_port
-            )
+        """Listens on every configured port; CannotListen (nothing left listening) where one cannot be bound."""
+        try:
+            await self._listen()
+        except CannotListen:
+            await self._stop_listening()
+            raise
         log.info(
             "gRPC on %s:%d, HTTP on %s:%d, metrics on %s:%d, event loop %s; loading model",
             self.config.host,
@@ -257,6 +258,46 @@ class EmbeddingServer:
             loops.running_loop_name(),
         )
         return self.port
+
+    async def _listen(self) -> None:
+        config = self.config
+        await self._set_health(NOT_SERVING)
+        address = f"{config.host}:{config.port}"
+        try:
+            if config.tls_cert:
+                credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+                self.port = self.grpc_server.add_secure_port(address, credentials)
+            else:
+                self.port = self.grpc_server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise _cannot_listen("gRPC", "--port, EMBED_PORT", config.host, config.port, e) from e
+        await self.grpc_server.start()
+        if self.health_server is not None:
+            try:
+                self.health_port = self.health_server.add_insecure_port(f"{config.health_host}:{config.health_port}")
+            except RuntimeError as e:
+                settings = "--health-port, EMBED_HEALTH_PORT"
+                raise _cannot_listen("the health service", settings, config.health_host, config.health_port, e) from e
+            await self.health_server.start()
+            log.info("plaintext health service on %s:%d", config.health_host, self.health_port)
+        if config.http_port >= 0:
+            await self._start_http()
+        if config.metrics_port >= 0:
+            try:
+                self._metrics_http, self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
+            except OSError as e:
+                settings = "--metrics-port, EMBED_METRICS_PORT"
+                raise _cannot_listen("metrics", settings, config.metrics_host, config.metrics_port, e) from e
+
+    async def _stop_listening(self) -> None:
+        """What _listen started, stopped at once (no model is loaded yet: nothing to drain)."""
+        await self.grpc_server.stop(0)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
+        if self.http_server is not None:
+            for listener in self.http_server.servers:
+                listener.close()
+            await self.http_server.shutdown()
 
     async def load(self) -> None:
         """Load and warm up every model off the event loop (health checks answer meanwhile), then serve."""
@@ -416,6 +457,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(run_workers(config, sys.argv[1:] if argv is None else list(argv)))
     try:
         loops.run(serve(config), config.event_loop)
-    except (FileNotFoundError, ValueError) as e:  # missing artifacts; a memory limit too small for the models
+    except (FileNotFoundError, ValueError, CannotListen) as e:  # missing artifacts; a memory limit too small; a port
         log.error("%s", e)
         sys.exit(2)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import fields
@@ -54,8 +55,9 @@ def test_models_are_named_pairs_from_flags_or_one_variable(capsys: pytest.Captur
 
 def serve_exits(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run `python -m server` as an operator would; it must refuse before listening or loading a model."""
+    ports = ["--port", "0", "--http-port", "0", "--metrics-port", "-1"]
     done = subprocess.run(
-        [sys.executable, "-m", "server", "--port", "0", "--metrics-port", "-1", "--model-dir", "/nonexistent", *args],
+        [sys.executable, "-m", "server", *ports, "--model-dir", "/nonexistent", *args],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -63,6 +65,52 @@ def serve_exits(args: list[str], env: dict[str, str]) -> tuple[int, str]:
         timeout=60,
     )
     return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("what", "flag"),
+    [
+        ("gRPC", "--port"),
+        ("HTTP", "--http-port"),
+        ("metrics", "--metrics-port"),
+        ("the health service", "--health-port"),
+    ],
+)
+def test_a_port_in_use_is_refused_with_the_setting_that_names_it(what: str, flag: str) -> None:
+    """`python -m server`: one line naming the port and its setting, exit 2, no traceback."""
+    hosts = [f"--{name}host" for name in ("", "http-", "metrics-", "health-")]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = [x for host in hosts for x in (host, "127.0.0.1")] + ["--health-port", "0", flag, str(port)]
+        code, output = serve_exits(args, {})
+    assert code == 2, output[-2000:]
+    assert f"cannot listen for {what} on 127.0.0.1:{port} ({flag}, EMBED_" in output, output[-2000:]
+    assert "Traceback" not in output and "Exception ignored" not in output, output[-2000:]
+    assert "loading model" not in output  # refused before anything else ran
+
+
+def test_a_port_that_cannot_be_bound_leaves_nothing_listening(tmp_path: Path) -> None:
+    """In-process: the gRPC port bound before the HTTP port failed is free again once start() raises."""
+    import asyncio
+
+    from server.app import CannotListen, EmbeddingServer
+    from tests.conftest import server_config
+
+    async def start_with_busy_http() -> int:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            server = EmbeddingServer(server_config(tmp_path, http_port=busy.getsockname()[1], metrics_port=-1))
+            with pytest.raises(CannotListen, match=r"cannot listen for HTTP on 127\.0\.0\.1:\d+ \(--http-port"):
+                await server.start()
+            return server.port
+
+    grpc_port = asyncio.run(start_with_busy_http())
+    assert grpc_port > 0
+    with socket.socket() as again:  # gRPC listens with SO_REUSEPORT; a socket without it binds only a free port
+        again.bind(("127.0.0.1", grpc_port))
 
 
 @pytest.mark.parametrize("content", ["", "  \n\t\n"], ids=["empty", "whitespace"])
