@@ -38,6 +38,7 @@ from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
 from server.open_inference import OpenInferenceService
 from server.open_inference import add_to_server as add_inference_to_server
 from server.pipeline import Limits, Pipeline
+from server.runtime import ProviderUnavailable
 from server.service import SERVICE_NAME, EmbedderService, add_to_server, status_for
 
 log = logging.getLogger("server")
@@ -457,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(run_workers(config, sys.argv[1:] if argv is None else list(argv)))
     try:
         loops.run(serve(config), config.event_loop)
-    except (FileNotFoundError, ValueError, CannotListen) as e:  # missing artifacts; a memory limit too small; a port
+    # Missing artifacts, a memory limit too small for the models, a port or TLS file unusable, CUDA absent:
+    # one line and exit 2, the code for "the configuration cannot run here".
+    except (FileNotFoundError, ValueError, CannotListen, ProviderUnavailable) as e:
         log.error("%s", e)
         sys.exit(2)

@@ -8,6 +8,7 @@ never reaches the servicer, so it costs no tokenization and no inference.
 from __future__ import annotations
 
 import hmac
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,30 @@ import grpc
 from server.errors import Unauthenticated
 
 
+def check_tls_files(cert: str, key: str, client_ca: str = "") -> None:
+    """ValueError naming the setting when a file is not what it should be: gRPC's core would only log it and
+    refuse the port, and uvicorn would fail later with an SSL error."""
+    for path, setting in ((cert, "--tls-cert"), (key, "--tls-key"), (client_ca, "--tls-client-ca")):
+        if path and not Path(path).is_file():
+            raise FileNotFoundError(f"TLS: {path} ({setting}) is not a file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as e:
+        raise ValueError(
+            f"TLS: {cert} and {key} (--tls-cert, --tls-key) are not a PEM certificate chain and its private key "
+            f"({e.reason or e})"
+        ) from e
+    if client_ca:
+        try:
+            context.load_verify_locations(client_ca)
+        except ssl.SSLError as e:
+            raise ValueError(f"TLS: {client_ca} (--tls-client-ca) is not a PEM CA bundle ({e.reason or e})") from e
+
+
 def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
     """TLS with the server's certificate and key; with client_ca, clients must present a cert it signed."""
+    check_tls_files(cert, key, client_ca)
     ca = Path(client_ca).read_bytes() if client_ca else None
     return grpc.ssl_server_credentials(
         [(Path(key).read_bytes(), Path(cert).read_bytes())], root_certificates=ca, require_client_auth=ca is not None

@@ -39,6 +39,10 @@ class ModelNotFound(FileNotFoundError):
     pass
 
 
+class ProviderUnavailable(RuntimeError):
+    """The execution provider asked for explicitly (--provider cuda) does not load on this machine."""
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
     provider: str = "auto"  # auto | cpu | cuda
@@ -196,7 +200,9 @@ class OnnxRuntime:
         self.providers: list[str] = self.session.get_providers()
         self.provider = self.providers[0]
         if options.provider == "cuda" and self.provider != CUDA:
-            raise RuntimeError("--provider cuda asked, but the CUDA execution provider did not load (CUDA 13, cuDNN 9)")
+            raise ProviderUnavailable(
+                "--provider cuda asked, but the CUDA execution provider did not load (it needs CUDA 13 and cuDNN 9)"
+            )
         if wanted != [CPU] and self.provider != CUDA:  # CUDA was asked for (auto) and did not load
             log.info("CUDA execution provider unavailable here; running on %s", self.provider)
         self.pad_id = pad_id

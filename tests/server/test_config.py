@@ -113,6 +113,21 @@ def test_a_port_that_cannot_be_bound_leaves_nothing_listening(tmp_path: Path) ->
         again.bind(("127.0.0.1", grpc_port))
 
 
+def test_cuda_asked_for_where_it_does_not_load_stops_the_server_with_exit_2(tiny_artifacts: Path) -> None:
+    from server.runtime import OnnxRuntime, ProviderUnavailable, RuntimeOptions
+
+    try:
+        OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cuda"), pad_id=0)
+        pytest.skip("the CUDA execution provider loads here: the refusal needs a machine where it does not")
+    except ProviderUnavailable:
+        pass
+    args = ["--model-dir", str(tiny_artifacts), "--provider", "cuda", "--drain-delay-seconds", "0"]
+    code, output = serve_exits(args, {})
+    assert code == 2, output[-2000:]
+    assert "--provider cuda asked, but the CUDA execution provider did not load" in output
+    assert "Traceback" not in output, output[-2000:]
+
+
 @pytest.mark.parametrize("content", ["", "  \n\t\n"], ids=["empty", "whitespace"])
 def test_an_empty_token_file_refuses_to_start(tmp_path: Path, content: str) -> None:
     token_file = tmp_path / "token"

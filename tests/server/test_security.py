@@ -180,3 +180,22 @@ def test_without_a_health_port_none_is_opened(tiny_artifacts: Path) -> None:
         assert server.server.health_server is None and server.server.health_port == 0
     finally:
         server.stop()
+
+
+def test_tls_files_that_cannot_serve_stop_the_server_with_the_setting_named(pki: dict[str, str]) -> None:
+    """A wrong file in a TLS setting: one line naming it and exit 2, before anything listens. gRPC's core
+    would only log the cause and refuse the port."""
+    from tests.server.test_config import serve_exits
+
+    readme = str(Path(__file__).resolve().parents[2] / "README.md")
+    server = ["--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"]]
+    cases = [
+        (["--tls-cert", readme, "--tls-key", readme], "(--tls-cert, --tls-key) are not a PEM certificate chain"),
+        ([*server[:2], "--tls-key", pki["client_key"]], "are not a PEM certificate chain and its private key"),
+        ([*server, "--tls-client-ca", readme], f"TLS: {readme} (--tls-client-ca) is not a PEM CA bundle"),
+        (["--tls-cert", "/nonexistent.pem", *server[2:]], "TLS: /nonexistent.pem (--tls-cert) is not a file"),
+    ]
+    for args, message in cases:
+        code, output = serve_exits(args, {})
+        assert code == 2 and message in output, output[-2000:]
+        assert "Traceback" not in output and "cannot listen" not in output and "gRPC on" not in output, output[-2000:]
