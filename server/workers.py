@@ -9,7 +9,9 @@ of them did.
 A worker that ends on its own (killed, crashed, or even exit 0) is restarted with the same command
 after a backoff that doubles from 0.5 s to 8 s and resets once a worker has run for a minute; the
 other workers keep serving meanwhile. A worker that dies MAX_RESTARTS times within RESTART_WINDOW
-seconds is broken, not unlucky: the parent then stops everything and exits 1.
+seconds is broken, not unlucky: the parent then stops everything and exits 1. A worker that exits 2
+refused the configuration (missing artifacts, a port or TLS file it cannot use, CUDA absent: its log
+says which), which no restart can mend: the parent stops the others and exits 2 at once.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ MAX_RESTARTS = 5  # restarts of one worker within RESTART_WINDOW before the pare
 RESTART_WINDOW = 60.0
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 8.0
+CONFIGURATION_REFUSED = 2  # a worker's exit code when the configuration cannot run here (server/app.py main)
 
 
 class Supervisor:
@@ -79,6 +82,7 @@ class Supervisor:
         self.restart_at: list[float | None] = [None] * len(commands)
         self.stopping = False
         self.gave_up = False
+        self.refused = False
 
     def stop(self) -> None:
         self.stopping = True
@@ -105,6 +109,11 @@ class Supervisor:
             code = child.poll()
             if code is None:
                 continue
+            if code == CONFIGURATION_REFUSED and not self.stopping:
+                log.error("worker %d refused the configuration (exit 2, the reason above); stopping", i)
+                self.refused = True
+                self.stop()
+                return
             if now - self.started[i] > RESTART_WINDOW:
                 self.deaths[i].clear()  # it had been healthy for a while: start the backoff afresh
             self.deaths[i] = [t for t in self.deaths[i] if now - t < RESTART_WINDOW] + [now]
@@ -126,6 +135,8 @@ class Supervisor:
         # A worker that had died and was waiting for its restart had nothing left to drain.
         codes = [c.returncode for i, c in enumerate(self.children) if self.restart_at[i] is None]
         log.info("workers exited with %s", codes)
+        if self.refused:
+            return CONFIGURATION_REFUSED
         # -SIGTERM: a worker still starting up when our SIGTERM came (no handler yet, nothing to drain).
         return 0 if not self.gave_up and all(code in (0, -signal.SIGTERM) for code in codes) else 1
 

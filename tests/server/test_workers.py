@@ -222,3 +222,16 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
             channel.close()
         if parent.poll() is None:
             parent.kill()
+
+
+def test_workers_that_refuse_the_configuration_stop_the_parent_with_exit_2_at_once(tmp_path: Path) -> None:
+    """Missing artifacts: each worker exits 2 with the reason; restarting cannot mend that, so the parent
+    stops at once with exit 2 instead of restarting them MAX_RESTARTS times."""
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "--workers", "2", "--port", "0", "--http-port", "0", "--metrics-port", "-1",
+         "--model-dir", str(tmp_path / "missing")],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "refused the configuration" in done.stderr and "not found" in done.stderr, done.stderr[-2000:]
+    assert "restarted worker" not in done.stderr, done.stderr[-2000:]
