@@ -307,16 +307,20 @@ class HttpApi:
             raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
 
     async def _read_json(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[dict[str, Any], list[Ticket]]:
-        """The body, admitted before it is read: by its connection, then by its Content-Length."""
-        length_header = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if length_header is None:
-            raise ParamError("a Content-Length header is required", "body")
-        try:
-            length = int(length_header)
-        except ValueError:
-            raise ParamError("Content-Length is not a number", "body") from None
-        if length > self.max_body_bytes:
-            raise BodyTooLarge(f"the body has {length} bytes, more than this server reads ({self.max_body_bytes})")
+        """The body, admitted before it is read: by its connection, then by its Content-Length. A chunked
+        body (no length) is admitted as the largest body this server reads and cut off past it."""
+        headers = scope["headers"]
+        length_header = next((v for k, v in headers if k == b"content-length"), None)
+        chunked = any(k == b"transfer-encoding" and b"chunked" in v.lower() for k, v in headers)
+        if length_header is not None:
+            try:
+                length = int(length_header)
+            except ValueError:
+                raise ParamError("Content-Length is not a number", "body") from None
+            if length > self.max_body_bytes:
+                raise BodyTooLarge(f"the body has {length} bytes, more than this server reads ({self.max_body_bytes})")
+        else:
+            length = self.max_body_bytes if chunked else 0  # HTTP/1.1: neither header means no body
         tickets = [self.admission.enter(client)]
         try:
             tickets.append(self.admission.receive(length))
@@ -333,6 +337,8 @@ class HttpApi:
                         chunk = message.get("body", b"")
                         got += len(chunk)
                         if got > length:
+                            if length_header is None:
+                                raise BodyTooLarge(f"the body has more than {length} bytes, the most this server reads")
                             raise ParamError("the body is longer than its Content-Length", "body")
                         chunks.append(chunk)
                         more = message.get("more_body", False)

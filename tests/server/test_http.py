@@ -176,6 +176,34 @@ def test_a_body_larger_than_the_limit_is_refused_before_it_is_read(served_http: 
     assert '"code":"request_too_large"' in answer
 
 
+def test_a_chunked_body_is_served_and_cut_off_past_the_limit_with_413(
+    served_http: ServerThread, tiny_artifacts: Path
+) -> None:
+    """Transfer-Encoding: chunked (no Content-Length, as streaming clients and some proxies send it): admitted
+    as the largest body, read, and answered like the same body with its length."""
+    pieces = [b'{"input": ["a riv', b'er", "a dog"], "encoding_', b'format": "float"}']
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    chunked = httpx.post(base_url(served_http) + "/v1/embeddings", content=iter(pieces), headers=headers, timeout=20)
+    sent = chunked.request.headers
+    assert sent.get("transfer-encoding") == "chunked" and "content-length" not in sent
+    assert chunked.status_code == 200, chunked.text
+    whole = post(served_http, b"".join(pieces))
+    assert chunked.json()["data"] == whole.json()["data"] and len(whole.json()["data"]) == 2
+
+    server = ServerThread(server_config(tiny_artifacts, max_message_bytes=2000))
+    try:
+        with socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(3):  # 3 x 1,000 bytes against a 2,000-byte limit, no end chunk
+                sock.sendall(b"3e8\r\n" + b" " * 1000 + b"\r\n")
+            answer = read_response(sock)
+        assert answer.startswith("HTTP/1.1 413"), answer
+        assert '"code":"request_too_large"' in answer and "more than 2000 bytes" in answer
+        assert server.server.admission.held_bytes == 0  # what the body held is given back
+    finally:
+        server.stop()
+
+
 def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
     server = ServerThread(server_config(tiny_artifacts, http_body_timeout_seconds=0.5))
     try:
