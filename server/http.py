@@ -311,7 +311,6 @@ class HttpApi:
         body (no length) is admitted as the largest body this server reads and cut off past it."""
         headers = scope["headers"]
         length_header = next((v for k, v in headers if k == b"content-length"), None)
-        chunked = any(k == b"transfer-encoding" and b"chunked" in v.lower() for k, v in headers)
         if length_header is not None:
             try:
                 length = int(length_header)
@@ -319,8 +318,9 @@ class HttpApi:
                 raise ParamError("Content-Length is not a number", "body") from None
             if length > self.max_body_bytes:
                 raise BodyTooLarge(f"the body has {length} bytes, more than this server reads ({self.max_body_bytes})")
-        else:
-            length = self.max_body_bytes if chunked else 0  # HTTP/1.1: neither header means no body
+        else:  # HTTP/1.1: neither Content-Length nor chunked means no body
+            chunked = any(k == b"transfer-encoding" and b"chunked" in v.lower() for k, v in headers)
+            length = self.max_body_bytes if chunked else 0
         tickets = [self.admission.enter(client)]
         try:
             tickets.append(self.admission.receive(length))
