@@ -107,6 +107,7 @@ class EmbeddingServer:
             config.max_message_bytes,
             config.http_body_timeout_seconds,
             config.auto_truncate,
+            config.cors_origins(),
         )
         self.http_server: uvicorn.Server | None = None
         self._http_socket: socket.socket | None = None

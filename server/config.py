@@ -39,6 +39,11 @@ class ServerConfig:
     auto_truncate: bool = setting(
         True, "HTTP: inputs over the model's max length are cut unless the request says `truncate: false`"
     )
+    http_cors_origins: str = setting(
+        "",
+        "browser origins allowed to call the HTTP API (CORS): comma-separated `scheme://host[:port]`, or `*` for "
+        "any; empty = none (browsers on other origins are refused by their own same-origin rule)",
+    )
     metrics_host: str = setting("0.0.0.0", "bind address of `/metrics`")
     metrics_port: int = setting(9464, "Prometheus `/metrics` port (0 = any free port, -1 = off)")
     model_dir: str = setting(
@@ -155,6 +160,9 @@ class ServerConfig:
             problems.append("http_header_timeout_seconds and http_body_timeout_seconds must be positive")
         if self.max_batch_seconds < 0 or self.memory_limit_mib < 0:
             problems.append("max_batch_seconds and memory_limit_mib must not be negative")
+        for origin in self.cors_origins():
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                problems.append(f"http_cors_origins: {origin!r} is not * nor an origin such as https://app.example")
         if self.auth_token and not self.auth_token.strip():
             problems.append("auth_token is blank: give a real token or none")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -189,6 +197,9 @@ class ServerConfig:
                 raise ValueError(f"auth_token_file {self.auth_token_file} is empty: refusing to serve without a token")
             return token
         return self.auth_token.strip()
+
+    def cors_origins(self) -> tuple[str, ...]:
+        return tuple(o.strip().rstrip("/") for o in self.http_cors_origins.split(",") if o.strip())
 
     @property
     def max_delay_seconds(self) -> float:

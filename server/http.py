@@ -18,7 +18,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,7 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
 }
 OPENAPI = Path(__file__).parent / "openapi.json"
 JSON = [(b"content-type", b"application/json")]
+CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does not list its own
 ENCODING_FORMATS = ("float", "base64")
 
 
@@ -158,6 +159,7 @@ class HttpApi:
         max_body_bytes: int = 4 << 20,
         body_timeout: float = 10.0,
         auto_truncate: bool = True,
+        cors_origins: Sequence[str] = (),
     ) -> None:
         self.state = state
         self.metrics = metrics
@@ -167,6 +169,8 @@ class HttpApi:
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.auto_truncate = auto_truncate
+        self._cors_any = "*" in cors_origins
+        self._cors_origins = frozenset(origin.encode() for origin in cors_origins)
         self._routes: dict[tuple[str, str], Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]] = {
             ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/v1/models"): self._models,
@@ -179,9 +183,13 @@ class HttpApi:
         if scope["type"] != "http":  # lifespan is off; websockets are not served
             return
         method, path = scope["method"], scope["path"]
+        origin = self._cors_origin(scope) if self._cors_origins else None
+        if method == "OPTIONS" and origin is not None:
+            await self._preflight(scope, send, origin)
+            return
         if path in ("/health", "/ready", "/openapi.json") and method == "GET":
             status, body = self._open_route(path)
-            await _respond(send, status, body, self.state.draining)
+            await _respond(send, status, body, self.state.draining, origin)
             return
         route = self._routes.get((method, path))
         started = time.perf_counter()
@@ -218,7 +226,34 @@ class HttpApi:
                 self.state.in_flight -= 1
             model = scope.get("embed.model", "")
             self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
-        await _respond(send, status, body, self.state.draining)
+        await _respond(send, status, body, self.state.draining, origin)
+
+    # ---- browsers on other origins (CORS) ----------------------------------------------------
+    def _cors_origin(self, scope: dict[str, Any]) -> bytes | None:
+        """The request's Origin when --http-cors-origins allows it; b"" when it names another; None without one."""
+        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        if origin is None:
+            return None
+        return origin if self._cors_any or origin in self._cors_origins else b""
+
+    async def _preflight(self, scope: dict[str, Any], send: Any, origin: bytes) -> None:
+        """A browser asks before a cross-origin POST with a JSON body or an Authorization header."""
+        if not origin:
+            message = "this origin may not call the API from a browser (--http-cors-origins)"
+            error = {"message": message, "type": "permission_error", "param": None, "code": "origin_not_allowed"}
+            await _respond(send, 403, orjson.dumps({"error": error}), self.state.draining)
+            return
+        asked = next((v for k, v in scope["headers"] if k == b"access-control-request-headers"), CORS_HEADERS)
+        headers = [
+            (b"access-control-allow-origin", origin),
+            (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+            (b"access-control-allow-headers", asked),
+            (b"access-control-max-age", b"600"),
+            (b"vary", b"origin"),
+            (b"content-length", b"0"),
+        ]
+        await send({"type": "http.response.start", "status": 204, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
 
     # ---- routes -----------------------------------------------------------------------------
     def _open_route(self, path: str) -> tuple[int, bytes]:
@@ -369,10 +404,12 @@ def _internal(error: Exception, path: str) -> Internal:
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 
-async def _respond(send: Any, status: int, body: bytes, draining: bool) -> None:
+async def _respond(send: Any, status: int, body: bytes, draining: bool, origin: bytes | None = None) -> None:
     headers = [*JSON, (b"content-length", b"%d" % len(body))]
     if draining:  # the client's next request opens a new connection, to a server still in rotation
         headers.append((b"connection", b"close"))
+    if origin:  # a browser on an allowed origin may read the answer
+        headers += [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -530,3 +530,49 @@ def test_a_response_leaves_in_one_write_and_100_continue_at_once() -> None:
     assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\nhello!")
     assert writes[1] == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert writes[2].startswith(b"HTTP/1.1 200 OK\r\n") and writes[2].endswith(b"\r\n\r\nhi!")
+
+
+def test_browsers_on_allowed_origins_get_cors_headers_and_others_none(
+    served_http: ServerThread, tiny_artifacts: Path
+) -> None:
+    app = "https://app.example"
+    server = ServerThread(server_config(tiny_artifacts, http_cors_origins=f"{app}, http://localhost:3000"))
+    try:
+        url = base_url(server)
+        asked = {"Origin": app, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}  # fmt: skip
+        preflight = httpx.options(url + "/v1/embeddings", headers=asked)
+        assert preflight.status_code == 204, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == app
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert preflight.headers["access-control-allow-headers"] == asked["Access-Control-Request-Headers"]
+        answer = httpx.post(url + "/v1/embeddings", json={"input": "a river"}, headers={"Origin": app})
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == app
+        assert answer.headers["vary"] == "origin"
+        error = httpx.post(url + "/v1/embeddings", json={"input": []}, headers={"Origin": app})
+        assert error.status_code == 400 and error.headers["access-control-allow-origin"] == app  # readable too
+
+        other = {**asked, "Origin": "https://evil.example"}
+        refused = httpx.options(url + "/v1/embeddings", headers=other)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "origin_not_allowed"
+        assert "access-control-allow-origin" not in refused.headers
+        served = httpx.post(
+            url + "/v1/embeddings", json={"input": "a river"}, headers={"Origin": "https://evil.example"}
+        )
+        assert served.status_code == 200 and "access-control-allow-origin" not in served.headers  # the browser hides it
+    finally:
+        server.stop()
+    # Off by default: no origin gets the header, and a preflight is an unknown method.
+    plain = post(served_http, {"input": "a river"})
+    closed = httpx.post(base_url(served_http) + "/v1/embeddings", content=plain.request.content,
+                        headers={"Origin": app, "Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    assert closed.status_code == 200 and "access-control-allow-origin" not in closed.headers
+    assert httpx.options(base_url(served_http) + "/v1/embeddings", headers={"Origin": app}).status_code == 405
+
+
+def test_cors_origins_must_be_origins() -> None:
+    from server.config import ServerConfig
+
+    assert ServerConfig(http_cors_origins=" https://a.example/ , *").cors_origins() == ("https://a.example", "*")
+    with pytest.raises(ValueError, match=r"'app\.example' is not \* nor an origin"):
+        ServerConfig(http_cors_origins="app.example")
