@@ -201,7 +201,7 @@ class HttpApi:
                 orjson.dumps(
                     {
                         "error": {
-                            "message": f"no route {method} {path}",
+                            "message": f"no route {method} {path}{self._did_you_mean(method, path)}",
                             "type": "invalid_request_error",
                             "param": None,
                             "code": "method_not_allowed" if known else "not_found",
@@ -227,6 +227,13 @@ class HttpApi:
             model = scope.get("embed.model", "")
             self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
         await _respond(send, status, body, self.state.draining, origin)
+
+    def _did_you_mean(self, method: str, path: str) -> str:
+        """A hint for the usual slips: a base URL without /v1, or a trailing slash."""
+        for candidate in (path.rstrip("/"), "/v1" + path.rstrip("/")):
+            if candidate != path and (method, candidate) in self._routes:
+                return f"; did you mean {method} {candidate}? (an OpenAI client's base_url ends in /v1)"
+        return ""
 
     # ---- browsers on other origins (CORS) ----------------------------------------------------
     def _cors_origin(self, scope: dict[str, Any]) -> bytes | None:

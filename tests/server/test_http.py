@@ -321,8 +321,14 @@ def test_models_info_health_and_openapi(served_http: ServerThread) -> None:
     assert httpx.get(base_url(served_http) + "/health").json() == {"status": "ok"}
     assert httpx.get(base_url(served_http) + "/ready").status_code == 200
     assert httpx.get(base_url(served_http) + "/openapi.json").json() == SCHEMAS
-    assert httpx.get(base_url(served_http) + "/nowhere").status_code == 404
+    nowhere = httpx.get(base_url(served_http) + "/nowhere")
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["message"] == "no route GET /nowhere"
     assert httpx.get(base_url(served_http) + "/v1/embeddings").status_code == 405
+    # A base URL without /v1, or a trailing slash: the 404 says where the route is.
+    for slip in ("/embeddings", "/v1/embeddings/", "/embeddings/"):
+        answer = post(served_http, {"input": "x"}, path=slip)
+        assert answer.status_code == 404, slip
+        assert "did you mean POST /v1/embeddings?" in answer.json()["error"]["message"], slip
 
 
 def test_curl_posts_embeddings(served_http: ServerThread) -> None:
