@@ -11,6 +11,16 @@ class InvalidInput(EmbedError):
     """The request can never succeed as sent (empty, too many inputs, too long...)."""
 
 
+class BadInput(InvalidInput):
+    """One input of the request is at fault. Its index and the problem are kept apart so that each
+    protocol names its own field: gRPC's ``inputs[i]`` (the message), OpenAI's ``input[i]``."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        super().__init__(f"inputs[{index}] {problem}")
+        self.index = index
+        self.problem = problem
+
+
 class UnknownModel(InvalidInput):
     """The request names a model this server does not serve."""
 

@@ -29,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.admission import Admission, Ticket
 from server.errors import (
+    BadInput,
     BodyTooLarge,
     Cancelled,
     DeadlineExceeded,
@@ -317,7 +318,10 @@ class HttpApi:
             _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it
             pipeline = model.pipeline
             if isinstance(inputs[0], str):
-                tokenized = await pipeline.tokenize(inputs, truncate, client)  # type: ignore[arg-type]
+                try:
+                    tokenized = await pipeline.tokenize(inputs, truncate, client)  # type: ignore[arg-type]
+                except BadInput as e:  # OpenAI's field is `input`
+                    raise ParamError(f"input[{e.index}] {e.problem}", "input") from None
             else:
                 check_count(len(inputs), pipeline.limits)
                 tokenized = Tokenized(token_rows(inputs, model), [], 0.0)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import numpy as np
 
 from server.backend import l2_normalize
 from server.batcher import Batcher
-from server.errors import InvalidInput
+from server.errors import BadInput, InvalidInput
 from server.metrics import ModelMetrics
 from server.tokenize import TextTokenizer, Token
 
@@ -69,11 +69,9 @@ def validate(texts: Sequence[str], limits: Limits, prepare: Callable[[str], str]
     prepared = []
     for i, text in enumerate(texts):
         if not text or text.isspace():
-            raise InvalidInput(f"inputs[{i}] is empty or only whitespace")
+            raise BadInput(i, "is empty or only whitespace")
         if len(text) > limits.max_input_chars:
-            raise InvalidInput(
-                f"inputs[{i}] has {len(text)} characters, more than max_input_chars={limits.max_input_chars}"
-            )
+            raise BadInput(i, f"has {len(text)} characters, more than max_input_chars={limits.max_input_chars}")
         prepared.append(prepare(text))
     return prepared
 

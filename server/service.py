@@ -147,8 +147,13 @@ def add_to_server(service: EmbedderService, server: grpc.aio.Server, admission: 
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
+def _entry(table: dict[type[EmbedError], Any], error: EmbedError, default: Any = None) -> Any:
+    """The table's entry for the error's own class or its nearest listed base (BadInput -> InvalidInput)."""
+    return next((table[k] for k in type(error).__mro__ if k in table), default)
+
+
 def status_for(error: EmbedError) -> grpc.StatusCode:
-    return STATUS_FOR_ERROR.get(type(error), grpc.StatusCode.INTERNAL)
+    return _entry(STATUS_FOR_ERROR, error, grpc.StatusCode.INTERNAL)  # type: ignore[no-any-return]
 
 
 def as_domain_error(error: Exception, method: str) -> EmbedError:
@@ -311,7 +316,7 @@ class RpcAccounting:
 
     def _reject(self, error: EmbedError, model: str) -> None:
         """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
-        reason = REJECTION_REASON.get(type(error))
+        reason = _entry(REJECTION_REASON, error)
         if isinstance(error, NotReady) and not self.state.draining:
             reason = "not_ready"
         if reason is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, normalizers
 
-from server.errors import InvalidInput
+from server.errors import BadInput
 
 CUT_CHARS_PER_TOKEN = 10  # prefix kept per allowed token; real text averages 4-6 characters a token
 _LAST_WHITESPACE = re.compile(r"\s\S*\Z")
@@ -109,9 +109,9 @@ class TextTokenizer:
         too_long = [i for i, r in enumerate(rows) if len(r) > self.max_length]
         if too_long and not truncate:
             i = too_long[0]
-            raise InvalidInput(
-                f"inputs[{i}] has {len(rows[i])} tokens, more than the limit of {self.max_length}; "
-                "shorten it or set truncate=true"
+            raise BadInput(
+                i,
+                f"has {len(rows[i])} tokens, more than the limit of {self.max_length}; shorten it or set truncate=true",
             )
         return Encoded(rows, [])
 

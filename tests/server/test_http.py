@@ -138,7 +138,8 @@ def test_dimensions_keep_the_first_components_renormalised(served_http: ServerTh
         ({"input": "ok", "encoding_format": "int8"}, 400, "encoding_format"),
         ({"input": "ok", "model": 7}, 400, "model"),
         ({"input": ["x"] * 9}, 400, None),
-        ({"input": ""}, 400, None),
+        ({"input": ["ok", ""]}, 400, "input"),
+        ({"input": "ok " * 200, "truncate": False}, 400, "input"),
         ({"input": "ok", "model": "no-such-model"}, 404, None),
     ],
 )
@@ -149,6 +150,16 @@ def test_bad_requests_get_openai_errors_with_their_status(served_http: ServerThr
     conforms(error, "Error")
     assert error["error"]["param"] == param
     assert "Traceback" not in response.text
+    if param == "input" and isinstance(body, dict) and isinstance(body["input"], (str, list)):
+        assert "inputs" not in error["error"]["message"], error  # OpenAI's field is `input`, not gRPC's `inputs`
+
+
+def test_a_faulty_input_is_named_as_openai_names_it(served_http: ServerThread) -> None:
+    """input[i] and param "input" over HTTP, where gRPC's message says inputs[i] (its field)."""
+    blank = post(served_http, {"input": ["ok", "  "]}).json()["error"]
+    assert (blank["message"], blank["param"]) == ("input[1] is empty or only whitespace", "input")
+    long = post(served_http, {"input": ["ok", "ok " * 200], "truncate": False}).json()["error"]
+    assert long["message"].startswith("input[1] has ") and "tokens, more than the limit of" in long["message"]
 
 
 def test_the_openai_client_raises_its_own_errors(served_http: ServerThread) -> None:
