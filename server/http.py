@@ -110,8 +110,11 @@ def error_body(error: EmbedError) -> tuple[int, bytes]:
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
-    value = body.get(name, default)
-    if value is not default and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
+    """An optional field; JSON null counts as not given, as clients that serialise every field send it."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ParamError(f"'{name}' must be {names}", name)
     return value

@@ -593,3 +593,12 @@ def test_cors_origins_must_be_origins() -> None:
     assert ServerConfig(http_cors_origins=" https://a.example/ , *").cors_origins() == ("https://a.example", "*")
     with pytest.raises(ValueError, match=r"'app\.example' is not \* nor an origin"):
         ServerConfig(http_cors_origins="app.example")
+
+
+def test_null_optional_fields_mean_not_given(served_http: ServerThread) -> None:
+    """Clients that serialise every field send null for the ones not set: the defaults apply."""
+    nulls = {"model": None, "encoding_format": None, "dimensions": None, "user": None, "normalize": None}
+    answer = post(served_http, {"input": "a river", **nulls, "truncate": None})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["data"] == post(served_http, {"input": "a river"}).json()["data"]
+    assert post(served_http, {"input": None}).json()["error"]["param"] == "input"  # input itself is required
