@@ -598,7 +598,9 @@ def test_cors_origins_must_be_origins() -> None:
 def test_null_optional_fields_mean_not_given(served_http: ServerThread) -> None:
     """Clients that serialise every field send null for the ones not set: the defaults apply."""
     nulls = {"model": None, "encoding_format": None, "dimensions": None, "user": None, "normalize": None}
-    answer = post(served_http, {"input": "a river", **nulls, "truncate": None})
+    request_body = {"input": "a river", **nulls, "truncate": None}
+    conforms(request_body, "EmbeddingRequest")  # the OpenAPI description says so too
+    answer = post(served_http, request_body)
     assert answer.status_code == 200, answer.text
     assert answer.json()["data"] == post(served_http, {"input": "a river"}).json()["data"]
     assert post(served_http, {"input": None}).json()["error"]["param"] == "input"  # input itself is required
