@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class EmbedError(Exception):
     """Base class: the message is safe to show to the client."""
@@ -55,3 +57,9 @@ class Unauthenticated(EmbedError):
 
 class Internal(EmbedError):
     """An unexpected failure inside the server; the details go to the server log, not to the client."""
+
+
+def nearest_entry(table: dict[type[EmbedError], Any], error: EmbedError, default: Any = None) -> Any:
+    """A protocol table's entry for the error's own class or its nearest listed base (BadInput ->
+    InvalidInput), so a new subclass maps as its base does."""
+    return next((table[k] for k in type(error).__mro__ if k in table), default)

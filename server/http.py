@@ -41,6 +41,7 @@ from server.errors import (
     Overloaded,
     Unauthenticated,
     UnknownModel,
+    nearest_entry,
 )
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
@@ -97,15 +98,22 @@ class ParamError(InvalidInput):
         self.param = param
 
 
-def _entry(table: dict[type[EmbedError], Any], error: EmbedError, default: Any = None) -> Any:
-    """The table's entry for the error's own class or its nearest listed base (ParamError -> InvalidInput)."""
-    return next((table[k] for k in type(error).__mro__ if k in table), default)
+def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
+    """A request header's value (ASGI names are lower-case), or None."""
+    return next((v for k, v in scope["headers"] if k == name), None)
 
 
 def error_body(error: EmbedError) -> tuple[int, bytes]:
-    status, error_type = _entry(STATUS_FOR_ERROR, error, (500, "server_error"))
+    status, error_type = nearest_entry(STATUS_FOR_ERROR, error, (500, "server_error"))
     param = error.param if isinstance(error, ParamError) else None
-    body = {"error": {"message": str(error), "type": error_type, "param": param, "code": _entry(CODE_FOR_ERROR, error)}}
+    body = {
+        "error": {
+            "message": str(error),
+            "type": error_type,
+            "param": param,
+            "code": nearest_entry(CODE_FOR_ERROR, error),
+        }
+    }
     return status, orjson.dumps(body)
 
 
@@ -242,7 +250,7 @@ class HttpApi:
     # ---- browsers on other origins (CORS) ----------------------------------------------------
     def _cors_origin(self, scope: dict[str, Any]) -> bytes | None:
         """The request's Origin when --http-cors-origins allows it; b"" when it names another; None without one."""
-        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        origin = _header(scope, b"origin")
         if origin is None:
             return None
         return origin if self._cors_any or origin in self._cors_origins else b""
@@ -254,7 +262,7 @@ class HttpApi:
             error = {"message": message, "type": "permission_error", "param": None, "code": "origin_not_allowed"}
             await _respond(send, 403, orjson.dumps({"error": error}), self.state.draining)
             return
-        asked = next((v for k, v in scope["headers"] if k == b"access-control-request-headers"), CORS_HEADERS)
+        asked = _header(scope, b"access-control-request-headers") or CORS_HEADERS
         headers = [
             (b"access-control-allow-origin", origin),
             (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
@@ -351,15 +359,14 @@ class HttpApi:
     def _authorize(self, scope: dict[str, Any]) -> None:
         if not self._expected:
             return
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        given = _header(scope, b"authorization") or b""
         if not hmac.compare_digest(given, self._expected):  # constant time: no timing oracle
             raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
 
     async def _read_json(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[dict[str, Any], list[Ticket]]:
         """The body, admitted before it is read: by its connection, then by its Content-Length. A chunked
         body (no length) is admitted as the largest body this server reads and cut off past it."""
-        headers = scope["headers"]
-        length_header = next((v for k, v in headers if k == b"content-length"), None)
+        length_header = _header(scope, b"content-length")
         if length_header is not None:
             try:
                 length = int(length_header)
@@ -368,7 +375,7 @@ class HttpApi:
             if length > self.max_body_bytes:
                 raise BodyTooLarge(f"the body has {length} bytes, more than this server reads ({self.max_body_bytes})")
         else:  # HTTP/1.1: neither Content-Length nor chunked means no body
-            chunked = any(k == b"transfer-encoding" and b"chunked" in v.lower() for k, v in headers)
+            chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
             length = self.max_body_bytes if chunked else 0
         tickets = [self.admission.enter(client)]
         try:
@@ -406,7 +413,7 @@ class HttpApi:
             raise
 
     def _count_refusal(self, error: EmbedError) -> None:
-        reason = _entry(REASON_FOR_ERROR, error)
+        reason = nearest_entry(REASON_FOR_ERROR, error)
         if isinstance(error, NotReady):
             reason = "draining" if self.state.draining else "not_ready"
         if reason is not None:

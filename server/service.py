@@ -29,6 +29,7 @@ from server.errors import (
     Overloaded,
     Unauthenticated,
     UnknownModel,
+    nearest_entry,
 )
 from server.metrics import Metrics
 from server.models import ModelInfo, ServedModel, ServingState
@@ -147,13 +148,8 @@ def add_to_server(service: EmbedderService, server: grpc.aio.Server, admission: 
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def _entry(table: dict[type[EmbedError], Any], error: EmbedError, default: Any = None) -> Any:
-    """The table's entry for the error's own class or its nearest listed base (BadInput -> InvalidInput)."""
-    return next((table[k] for k in type(error).__mro__ if k in table), default)
-
-
 def status_for(error: EmbedError) -> grpc.StatusCode:
-    return _entry(STATUS_FOR_ERROR, error, grpc.StatusCode.INTERNAL)  # type: ignore[no-any-return]
+    return nearest_entry(STATUS_FOR_ERROR, error, grpc.StatusCode.INTERNAL)  # type: ignore[no-any-return]
 
 
 def as_domain_error(error: Exception, method: str) -> EmbedError:
@@ -316,7 +312,7 @@ class RpcAccounting:
 
     def _reject(self, error: EmbedError, model: str) -> None:
         """Counts a refusal once, by reason (a failed batch is counted as a batch failure instead)."""
-        reason = _entry(REJECTION_REASON, error)
+        reason = nearest_entry(REJECTION_REASON, error)
         if isinstance(error, NotReady) and not self.state.draining:
             reason = "not_ready"
         if reason is not None:
