@@ -6,7 +6,10 @@ PY := $(VENV)/bin/python
 ARTIFACTS ?= artifacts
 WORDNET_DIR ?= /usr/share/wordnet
 export WORDNET_DIR
+# Two installs: what `make run` needs (server, training, export, stub generator), then the test, lint
+# and load tools on top for the targets that use them, so a first `make run` waits for the first alone.
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 PROTO := protos/embedding/v1/embedding.proto
 PROTO_OUT := embedding/v1/embedding_pb2.py
 # The Open Inference Protocol as a descriptor set: the server builds its messages in a private pool
@@ -14,9 +17,11 @@ PROTO_OUT := embedding/v1/embedding_pb2.py
 INFERENCE_PROTO := protos/inference/v2/open_inference_grpc.proto
 INFERENCE_OUT := server/_proto/open_inference_grpc.binpb
 
-.PHONY: setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained readme
+.PHONY: setup dev-setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained readme
 
 setup: system-packages venv protos
+dev-setup: setup $(DEV_STAMP)
+	@bash scripts/system-packages.sh --with-prometheus
 
 system-packages:
 	@bash scripts/system-packages.sh
@@ -26,7 +31,10 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11 is required"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -e '.[train,codegen]'
+	@touch $@
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[train,codegen,dev]'
 	@touch $@
 
 protos: $(PROTO_OUT) $(INFERENCE_OUT)
@@ -71,7 +79,7 @@ serve: setup
 # each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well).
 SERVER_TIER = tests/server tests/contract tests/deploy tests/test_layers.py
 TEST_PROCESSES ?= 2
-test: setup
+test: dev-setup
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) -p tests.no_torch $(SERVER_TIER)
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) $(addprefix --ignore=,$(SERVER_TIER))
 
@@ -79,7 +87,7 @@ test: setup
 readme: setup
 	$(PY) -m server.config --readme README.md
 
-lint: setup
+lint: dev-setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy contract model export server bench loadtest
@@ -89,10 +97,10 @@ LOADTEST_SPAWN_RATE ?= 8
 LOADTEST_DURATION ?= 30s
 LOADTEST_PROTOCOL ?= grpc
 export LOADTEST_PROTOCOL
-loadtest: setup $(ARTIFACTS)/model.onnx
+loadtest: dev-setup $(ARTIFACTS)/model.onnx
 	$(PY) -m loadtest.run --model-dir $(ARTIFACTS) --users $(LOADTEST_USERS) --spawn-rate $(LOADTEST_SPAWN_RATE) --duration $(LOADTEST_DURATION)
 
-bench: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
+bench: dev-setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
 	$(PY) -m bench --model-dir $(ARTIFACTS)
 
 # On a machine with an NVIDIA GPU: CUDA parity, fp16, `bench --provider cuda`, --workers scaling (scripts/gpu-check.sh).
@@ -100,7 +108,7 @@ gpu-check:
 	@bash scripts/gpu-check.sh
 
 SOAK_MINUTES ?= 10
-soak: setup $(ARTIFACTS)/model.onnx
+soak: dev-setup $(ARTIFACTS)/model.onnx
 	$(PY) -m bench.soak --model-dir $(ARTIFACTS) --minutes $(SOAK_MINUTES)
 
 clean:

@@ -18,7 +18,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 nvidia-smi -L
 
-make setup
+make dev-setup
 .venv/bin/python -m pip install -q 'onnxruntime-gpu[cuda,cudnn]==1.31.*'
 make "${ARTIFACTS:-artifacts}/model.onnx" "${ARTIFACTS:-artifacts}/minilm/manifest.json"
 .venv/bin/python -m bench.gpu_check --model-dir "${ARTIFACTS:-artifacts}" --out docs

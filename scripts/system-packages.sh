@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Makes sure the Debian packages the project needs are present: the WordNet corpus (wordnet-base) and
-# Prometheus with promtool (prometheus). Installs them with apt-get when missing and apt-get is usable;
-# otherwise says what to install. WORDNET_DIR points at another WordNet 3.0 'dict' folder.
+# Makes sure the Debian packages the project needs are present: the WordNet corpus (wordnet-base) and,
+# with --with-prometheus (the tests' and monitoring checks' setup), Prometheus with promtool (prometheus).
+# Installs them with apt-get when missing and apt-get is usable; otherwise says what to install.
+# WORDNET_DIR points at another WordNet 3.0 'dict' folder.
 set -euo pipefail
 
 wordnet_dir="${WORDNET_DIR:-/usr/share/wordnet}"
 missing=()
 [ -f "$wordnet_dir/data.noun" ] || missing+=(wordnet-base)
-command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+if [ "${1:-}" = --with-prometheus ]; then
+  command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
