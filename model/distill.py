@@ -33,11 +33,16 @@ TEACHER_MAX_TOKENS = 32  # the student's training truncation: both see the same 
 TEACHER_BATCH = 128
 
 
-def similarity_matching_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """MSE between the cosine-similarity matrices of the student's rows and the teacher's. (N, C) and (N, D)."""
-    s = F.normalize(student, dim=-1)
-    t = F.normalize(teacher, dim=-1)
-    return F.mse_loss(s @ s.T, t @ t.T)
+def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
+    """(N, N): the cosine similarity of every pair of rows of (N, D)."""
+    unit = F.normalize(rows, dim=-1)
+    return unit @ unit.T
+
+
+def similarity_matching_loss(student: torch.Tensor, teacher_cosines: torch.Tensor) -> torch.Tensor:
+    """MSE between the cosine-similarity matrix of the student's rows, (N, C), and the teacher's,
+    cosine_matrix of its (N, D) rows: computed once per batch for the full length and every prefix."""
+    return F.mse_loss(cosine_matrix(student), teacher_cosines)
 
 
 def projection_loss(projected: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -48,7 +53,8 @@ def projection_loss(projected: torch.Tensor, teacher: torch.Tensor) -> torch.Ten
 def cache_key(teacher_dir: Path, texts: Sequence[str], max_tokens: int, precision: str, dtype: str) -> str:
     manifest = Manifest.read(teacher_dir)
     digest = hashlib.sha256()
-    digest.update(f"{manifest.model_id}|{manifest.model_version}|{precision}|{max_tokens}|{dtype}".encode())
+    build = manifest.files.get(MODEL_FILES[precision], "")  # which int8 build the export kept, by its digest
+    digest.update(f"{manifest.model_id}|{manifest.model_version}|{precision}|{build}|{max_tokens}|{dtype}".encode())
     for text in texts:
         digest.update(text.encode())
         digest.update(b"\0")

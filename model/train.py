@@ -30,6 +30,7 @@ from model.checkpoint import encode_texts, save_checkpoint
 from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
 from model.distill import (
+    cosine_matrix,
     projection_loss,
     similarity_matching_loss,
     teacher_embeddings,
@@ -159,6 +160,28 @@ def pad_batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids, mask
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """Token id rows padded once to the longest, so that a training batch is a selection of rows (the
+    same tensors pad_batch builds, without a Python loop over the rows at every step)."""
+
+    ids: torch.Tensor  # (N, T) int64, pad after each row's tokens
+    lengths: torch.Tensor  # (N,) int64
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[int]], pad: int) -> PaddedRows:
+        ids, mask = pad_batch(rows, pad)
+        return cls(ids, mask.sum(dim=1))
+
+    def batch(self, index: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids and attention_mask of the rows in index, (B, T) int64, cut to the longest of them."""
+        chosen = torch.as_tensor(index)
+        lengths = self.lengths[chosen]
+        longest = int(lengths.max())
+        mask = (torch.arange(longest) < lengths[:, None]).long()
+        return self.ids[chosen, :longest], mask
 
 
 def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -374,8 +397,10 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     if teacher is not None and config.distill_loss == "projection":
         head = torch.nn.Linear(model_config.d_model, teacher.shape[1], bias=False)  # training only, not exported
         parameters += list(head.parameters())
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    # foreach: one kernel per step over all tensors; the same arithmetic as the default per-tensor loop.
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, foreach=True)
     rng = random.Random(config.seed)
+    anchor_rows, positive_rows = PaddedRows.of(anchors, pad), PaddedRows.of(positives, pad)
     batches: list[list[int]] = []
     losses: list[float] = []
     model.train()
@@ -387,8 +412,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             batches = [[index_of[id(p)] for p in b] for b in epoch]
             batches.reverse()
         batch = batches.pop()
-        a_ids, a_mask = pad_batch([anchors[i] for i in batch], pad)
-        p_ids, p_mask = pad_batch([positives[i] for i in batch], pad)
+        a_ids, a_mask = anchor_rows.batch(batch)
+        p_ids, p_mask = positive_rows.batch(batch)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         # Mixed precision: weights, optimizer state and the loss stay fp32; matmuls run in bf16.
@@ -408,10 +433,11 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             if head is not None:
                 loss = loss + config.distill_weight * projection_loss(head(student), targets)
             else:
-                loss = loss + config.distill_weight * similarity_matching_loss(student, targets)
+                target_cosines = cosine_matrix(targets)  # (2B, 2B), the same for every prefix
+                loss = loss + config.distill_weight * similarity_matching_loss(student, target_cosines)
                 if config.matryoshka_distill:
                     for d in prefix_dims:
-                        matched = similarity_matching_loss(student[:, :d], targets)
+                        matched = similarity_matching_loss(student[:, :d], target_cosines)
                         loss = loss + config.distill_weight * config.prefix_weight * matched
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

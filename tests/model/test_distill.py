@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -8,7 +9,10 @@ import pytest
 import torch
 
 import model.distill
+from contract.manifest import Manifest
 from model.distill import (
+    cache_key,
+    cosine_matrix,
     flops_per_token,
     projection_loss,
     similarity_matching_loss,
@@ -24,9 +28,9 @@ def test_similarity_matching_ignores_width_and_sees_structure() -> None:
     torch.manual_seed(0)
     teacher = torch.randn(12, 8)
     same_structure = torch.cat([teacher, torch.zeros(12, 4)], dim=1)  # another width, same cosines
-    assert similarity_matching_loss(same_structure, teacher).item() == pytest.approx(0.0, abs=1e-7)
+    assert similarity_matching_loss(same_structure, cosine_matrix(teacher)).item() == pytest.approx(0.0, abs=1e-7)
     shuffled = same_structure[torch.randperm(12)]
-    assert similarity_matching_loss(shuffled, teacher).item() > 0.05
+    assert similarity_matching_loss(shuffled, cosine_matrix(teacher)).item() > 0.05
 
 
 def test_projection_loss_is_cosine_to_the_teacher() -> None:
@@ -136,3 +140,18 @@ def test_teacher_choice(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="make export-pretrained"):
         resolve_teacher("auto", tmp_path)
     assert not (tmp_path / "minilm").exists()
+
+
+def test_the_teacher_cache_is_keyed_by_the_int8_build_the_export_kept(
+    tiny_bert_artifacts: Path, tmp_path: Path
+) -> None:
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_bert_artifacts, teacher)
+    before = cache_key(teacher, ["a text"], 32, "int8", "float16")
+    manifest = Manifest.read(teacher)
+    other_build = {**manifest.files, "model.int8.onnx": "0" * 64}  # another candidate kept by another export
+    replace(manifest, files=other_build).write(teacher)
+    assert cache_key(teacher, ["a text"], 32, "int8", "float16") != before
+    assert cache_key(teacher, ["a text"], 32, "fp32", "float16") == cache_key(
+        tiny_bert_artifacts, ["a text"], 32, "fp32", "float16"
+    )
