@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+from tqdm import tqdm
 
 from contract.manifest import MODEL_FILES
 from export.verify import INT8_MEAN_COSINE_BAR, row_cosines_against_fp32
@@ -60,7 +61,7 @@ def time_models(
         for _ in range(3):
             session.run(None, feed)
     times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(repeats):
+    for _ in tqdm(range(repeats), desc=f"timing {len(sessions)} builds", unit="round", mininterval=1.0, leave=False):
         for name, session in sessions.items():
             session.run(None, feed)
             start = time.perf_counter()
@@ -119,6 +120,7 @@ def export_int8(
     compare_also = compare_also or {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
+        print("int8 builds: per channel, per tensor, uint8 weights, optimized graph", flush=True)
         candidates = {
             "quantized": _quantize(fp32, tmp_dir / "plain.int8.onnx"),
             "quantized per tensor": _quantize(fp32, tmp_dir / "per-tensor.int8.onnx", per_channel=False),
