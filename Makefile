@@ -26,15 +26,22 @@ dev-setup: setup $(DEV_STAMP)
 system-packages:
 	@bash scripts/system-packages.sh
 
+# pip byte-compiles what it installs one file at a time (55 s of a 79 s install on 2 cores); compileall
+# does the same on every core (33 s). Errors are pip's to ignore too: a few packages ship files for
+# other Python versions.
+COMPILE = @$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null || true
+
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11 is required"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,codegen]'
+	$(PY) -m pip install -q --no-compile -e '.[train,codegen]'
+	$(COMPILE)
 	@touch $@
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[train,codegen,dev]'
+	$(PY) -m pip install -q --no-compile -e '.[train,codegen,dev]'
+	$(COMPILE)
 	@touch $@
 
 protos: $(PROTO_OUT) $(INFERENCE_OUT)
