@@ -79,8 +79,9 @@ $(ARTIFACTS)/minilm/manifest.json:
 run: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
 	$(PY) -m server --model $(ARTIFACTS) --model $(ARTIFACTS)/minilm
 
+# What is built, without building anything: the student and, when exported, all-MiniLM-L6-v2 beside it.
 serve: setup
-	$(PY) -m server --model-dir $(ARTIFACTS)
+	$(PY) -m server --model $(ARTIFACTS) $(if $(wildcard $(ARTIFACTS)/minilm/manifest.json),--model $(ARTIFACTS)/minilm)
 
 # The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else;
 # each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well).
