@@ -50,9 +50,9 @@ def time_models(
     vocab_size: int = 1000,
 ) -> dict[str, float]:
     """Median seconds per batch on the CPU of each model, for one random batch of the given shape. The
-        models take turns, one run each per round: a slow spell of the machine then slows every model alike
-        instead of the one timed during it, and the same machine picks the same candidate run after run. Each
-    turn times a model's second run, its weights back in the caches as when it serves alone."""
+    models take turns, one timed run each per round: a slow spell of the machine then slows every model
+    alike instead of the one timed during it. Each turn times a model's second run, its weights back in
+    the caches as when it serves alone."""
     sessions = {name: _session(path) for name, path in paths.items()}
     rng = np.random.default_rng(seed)
     ids = rng.integers(4, min(1000, vocab_size), size=(batch, sequence), dtype=np.int64)

@@ -397,7 +397,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     if teacher is not None and config.distill_loss == "projection":
         head = torch.nn.Linear(model_config.d_model, teacher.shape[1], bias=False)  # training only, not exported
         parameters += list(head.parameters())
-    # foreach: one kernel per step over all tensors; the same arithmetic as the default per-tensor loop.
+    # foreach: the update as grouped operations over all tensors, not a loop over them; the same arithmetic.
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, foreach=True)
     rng = random.Random(config.seed)
     anchor_rows, positive_rows = PaddedRows.of(anchors, pad), PaddedRows.of(positives, pad)
