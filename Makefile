@@ -17,14 +17,16 @@ PROTO_OUT := embedding/v1/embedding_pb2.py
 INFERENCE_PROTO := protos/inference/v2/open_inference_grpc.proto
 INFERENCE_OUT := server/_proto/open_inference_grpc.binpb
 
-.PHONY: setup dev-setup venv protos system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained readme
+.PHONY: setup dev-setup venv protos system-packages dev-system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained readme
 
 setup: system-packages venv protos
-dev-setup: setup $(DEV_STAMP)
-	@bash scripts/system-packages.sh --with-prometheus
+# Prometheus first, with WordNet in the same apt-get run where both are missing (a fresh CI machine).
+dev-setup: dev-system-packages setup $(DEV_STAMP)
 
 system-packages:
 	@bash scripts/system-packages.sh
+dev-system-packages:
+	@bash scripts/system-packages.sh --with-prometheus
 
 # pip byte-compiles what it installs one file at a time (55 s of a 79 s install on 2 cores); compileall
 # does the same on every core (33 s). Errors are pip's to ignore too: a few packages ship files for
