@@ -12,6 +12,7 @@ TF-IDF baseline and the trained model.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random
 import time
@@ -153,35 +154,11 @@ def set_seed(seed: int) -> None:
 
 def pad_batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad token id lists to the longest row. Returns input_ids and attention_mask, (B, T) int64."""
-    longest = max(len(r) for r in rows)
-    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask
-
-
-@dataclass(frozen=True)
-class PaddedRows:
-    """Token id rows padded once to the longest, so that a training batch is a selection of rows (the
-    same tensors pad_batch builds, without a Python loop over the rows at every step)."""
-
-    ids: torch.Tensor  # (N, T) int64, pad after each row's tokens
-    lengths: torch.Tensor  # (N,) int64
-
-    @classmethod
-    def of(cls, rows: Sequence[Sequence[int]], pad: int) -> PaddedRows:
-        ids, mask = pad_batch(rows, pad)
-        return cls(ids, mask.sum(dim=1))
-
-    def batch(self, index: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_ids and attention_mask of the rows in index, (B, T) int64, cut to the longest of them."""
-        chosen = torch.as_tensor(index)
-        lengths = self.lengths[chosen]
-        longest = int(lengths.max())
-        mask = (torch.arange(longest) < lengths[:, None]).long()
-        return self.ids[chosen, :longest], mask
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    mask = np.arange(lengths.max()) < lengths[:, None]  # (B, T): True where a row has a token
+    ids = np.full(mask.shape, pad, dtype=np.int64)
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
 def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -400,7 +377,6 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     # foreach: the update as grouped operations over all tensors, not a loop over them; the same arithmetic.
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, foreach=True)
     rng = random.Random(config.seed)
-    anchor_rows, positive_rows = PaddedRows.of(anchors, pad), PaddedRows.of(positives, pad)
     batches: list[list[int]] = []
     losses: list[float] = []
     model.train()
@@ -412,8 +388,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             batches = [[index_of[id(p)] for p in b] for b in epoch]
             batches.reverse()
         batch = batches.pop()
-        a_ids, a_mask = anchor_rows.batch(batch)
-        p_ids, p_mask = positive_rows.batch(batch)
+        a_ids, a_mask = pad_batch([anchors[i] for i in batch], pad)
+        p_ids, p_mask = pad_batch([positives[i] for i in batch], pad)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         # Mixed precision: weights, optimizer state and the loss stay fp32; matmuls run in bf16.

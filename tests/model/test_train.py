@@ -7,7 +7,6 @@ import torch
 from model.checkpoint import encode_texts
 from model.train import (
     HeldOutTask,
-    PaddedRows,
     TrainConfig,
     info_nce,
     lr_at,
@@ -25,13 +24,15 @@ def test_pad_batch_pads_right_and_masks() -> None:
     assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
-def test_padded_rows_give_a_batch_as_pad_batch_does() -> None:
+def test_pad_batch_cuts_each_batch_to_its_own_longest_row() -> None:
     rows = [[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]]
-    table = PaddedRows.of(rows, pad=0)
     for index in ([1, 2], [0, 3, 1], [2]):
-        ids, mask = table.batch(index)
-        expected_ids, expected_mask = pad_batch([rows[i] for i in index], pad=0)
-        assert torch.equal(ids, expected_ids) and torch.equal(mask, expected_mask)  # cut to the batch's longest
+        chosen = [rows[i] for i in index]
+        ids, mask = pad_batch(chosen, pad=0)
+        assert ids.shape == (len(chosen), max(map(len, chosen))) and ids.dtype == mask.dtype == torch.int64
+        for row, tokens in enumerate(chosen):
+            assert ids[row].tolist() == tokens + [0] * (ids.shape[1] - len(tokens))
+            assert mask[row].tolist() == [1] * len(tokens) + [0] * (ids.shape[1] - len(tokens))
 
 
 def test_info_nce_rewards_matching_rows() -> None:
