@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -251,11 +252,7 @@ def wait_workers_ready(metrics_port: int, workers: int, timeout: float = 120) ->
 
 
 def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    merged: dict[str, int] = {}
-    for one in counts:
-        for key, n in one.items():
-            merged[key] = merged.get(key, 0) + n
-    return merged
+    return dict(sum((Counter(one) for one in counts), Counter()))
 
 
 def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]

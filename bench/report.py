@@ -211,6 +211,13 @@ def plot(r: dict[str, Any], out: Path) -> None:
         plt.close(fig)
 
 
+def one_thread_text(tokens: int) -> str:
+    if tokens <= 0:
+        return "every batch on its threaded session, since one thread measured slower than two spinning threads at every size tried at warm-up"
+    return (f"batches of at most {tokens} padded tokens on its one-thread session, the most for which one thread "
+            "measured no slower than two spinning threads at warm-up")  # fmt: skip
+
+
 def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     """Every placeholder of bench/benchmarks.md.tmpl, from this run's results alone."""
     mach, s, c, ceiling = r["machine"], r["settings"], r["model"]["config"], r["ceiling"]
@@ -246,7 +253,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
         "parameters": f"{r['model']['parameters'] / 1e6:.2f}", "layers": str(c["n_layers"]), "d_model": str(c["d_model"]),
         "heads": str(c["n_heads"]), "d_ff": str(c["d_ff"]), "max_len": str(c["max_len"]), "vocab": str(c["vocab_size"]),
         "max_batch_tokens": str(s["max_batch_tokens"]), "default_max_batch_tokens": str(s["default_max_batch_tokens"]), "max_batch_size": str(s["max_batch_size"]),
-        "one_thread_batch_tokens": str(s["one_thread_batch_tokens"]),
+        "one_thread": one_thread_text(s["one_thread_batch_tokens"]),
         "max_queue_tokens": str(s["max_queue_tokens"]), "max_delay_ms": str(s["max_delay_ms"]),
         "texts": str(s["texts"]), "tokens_per_text": f"{ceiling['real_tokens_per_text']:.1f}",
         "duration": f"{s['duration_per_level_s']:.0f}", "protocol_seconds": f"{s['duration_per_level_s'] / 2:g}",

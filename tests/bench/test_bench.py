@@ -232,6 +232,17 @@ def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None
     assert json.loads((tmp_path / "benchmarks.json").read_text()) == results
 
 
+def test_the_report_says_when_no_batch_runs_on_one_thread() -> None:
+    """0 one-thread tokens means the one-thread session is off, not batches of "at most 0 padded tokens"."""
+    from bench.report import values
+
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    run["settings"]["one_thread_batch_tokens"] = 0
+    assert values(run, ROOT / "docs")["one_thread"].startswith("every batch on its threaded session")
+    run["settings"]["one_thread_batch_tokens"] = 256
+    assert values(run, ROOT / "docs")["one_thread"].startswith("batches of at most 256 padded tokens")
+
+
 def test_parallel_load_generators_add_up_and_merge_their_latencies(served: ServerThread, tmp_path: Path) -> None:
     from bench.measure import load
 
