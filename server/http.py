@@ -128,12 +128,23 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     return value
 
 
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words, for error messages."""
+    if value is None:
+        return "missing or null"
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    kinds = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (dict, "an object"))
+    return next(name for kind, name in kinds if isinstance(value, kind))
+
+
 def parse_input(value: Any) -> list[str] | list[list[int]]:
     """OpenAI's input: a string, strings, token ids, or lists of token ids -> texts or token rows."""
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not value:
-        raise ParamError("'input' must be a string, a list of strings, or token ids; it is empty or missing", "input")
+        kind = json_kind(value)
+        raise ParamError(f"'input' must be a string, a list of strings, or token ids; it is {kind}", "input")
     if all(isinstance(v, str) for v in value):
         return value
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value):

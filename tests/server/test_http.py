@@ -154,6 +154,16 @@ def test_bad_requests_get_openai_errors_with_their_status(served_http: ServerThr
         assert "inputs" not in error["error"]["message"], error  # OpenAI's field is `input`, not gRPC's `inputs`
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [({"input": 5}, "a number"), ({"input": {"text": "ok"}}, "an object"), ({"input": True}, "a boolean"),
+     ({"input": []}, "an empty list"), ({"input": None}, "missing or null"), ({}, "missing or null")],
+)  # fmt: skip
+def test_an_input_of_the_wrong_kind_is_told_what_it_sent(served_http: ServerThread, body, said) -> None:  # type: ignore[no-untyped-def]
+    error = post(served_http, body).json()["error"]
+    assert error["param"] == "input" and error["message"].endswith(f"token ids; it is {said}"), error
+
+
 def test_a_faulty_input_is_named_as_openai_names_it(served_http: ServerThread) -> None:
     """input[i] and param "input" over HTTP, where gRPC's message says inputs[i] (its field)."""
     blank = post(served_http, {"input": ["ok", "  "]}).json()["error"]
