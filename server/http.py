@@ -85,7 +85,9 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
     Cancelled: "cancelled",
 }
 OPENAPI = Path(__file__).parent / "openapi.json"
-JSON = [(b"content-type", b"application/json")]
+Header = tuple[bytes, bytes]
+JSON: list[Header] = [(b"content-type", b"application/json")]
+OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
 CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does not list its own
 ENCODING_FORMATS = ("float", "base64")
 
@@ -210,46 +212,47 @@ class HttpApi:
         if method == "OPTIONS" and origin is not None:
             await self._preflight(scope, send, origin)
             return
-        if path in ("/health", "/ready", "/openapi.json") and method == "GET":
+        if path in OPEN_ROUTES and method == "GET":
             status, body = self._open_route(path)
             await _respond(send, status, body, self.state.draining, origin)
             return
         route = self._routes.get((method, path))
-        started = time.perf_counter()
-        model = ""
         if route is None:
-            known = any(p == path for _, p in self._routes)
-            status, body = (
-                (405 if known else 404),
-                orjson.dumps(
-                    {
-                        "error": {
-                            "message": f"no route {method} {path}{self._did_you_mean(method, path)}",
-                            "type": "invalid_request_error",
-                            "param": None,
-                            "code": "method_not_allowed" if known else "not_found",
-                        }
-                    }
-                ),
-            )
-        else:
-            self.state.in_flight += 1
-            try:
-                self._authorize(scope)
-                host, port = scope.get("client") or ("?", 0)
-                client = f"http:{host}:{port}"
-                status, body = await route(scope, receive, client)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                domain = e if isinstance(e, EmbedError) else _internal(e, path)
-                self._count_refusal(domain)
-                status, body = error_body(domain)
-            finally:
-                self.state.in_flight -= 1
-            model = scope.get("embed.model", "")
-            self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
+            allowed = self._methods_of(path)
+            status, body = self._no_route(method, path, allowed)
+            # A 405 names the methods the path takes (RFC 9110, 15.5.6).
+            extra = [(b"allow", ", ".join(allowed).encode())] if allowed else []
+            await _respond(send, status, body, self.state.draining, origin, extra)
+            return
+        started = time.perf_counter()
+        self.state.in_flight += 1
+        try:
+            self._authorize(scope)
+            host, port = scope.get("client") or ("?", 0)
+            client = f"http:{host}:{port}"
+            status, body = await route(scope, receive, client)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            domain = e if isinstance(e, EmbedError) else _internal(e, path)
+            self._count_refusal(domain)
+            status, body = error_body(domain)
+        finally:
+            self.state.in_flight -= 1
+        model = scope.get("embed.model", "")
+        self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
         await _respond(send, status, body, self.state.draining, origin)
+
+    def _methods_of(self, path: str) -> list[str]:
+        return sorted({m for m, p in self._routes if p == path} | ({"GET"} if path in OPEN_ROUTES else set()))
+
+    def _no_route(self, method: str, path: str, allowed: list[str]) -> tuple[int, bytes]:
+        if allowed:
+            message, status, code = f"{path} takes {' or '.join(allowed)}, not {method}", 405, "method_not_allowed"
+        else:
+            message, status, code = f"no route {method} {path}{self._did_you_mean(method, path)}", 404, "not_found"
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+        return status, orjson.dumps({"error": error})
 
     def _did_you_mean(self, method: str, path: str) -> str:
         """A hint for the usual slips: a base URL without /v1, or a trailing slash."""
@@ -436,8 +439,10 @@ def _internal(error: Exception, path: str) -> Internal:
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 
-async def _respond(send: Any, status: int, body: bytes, draining: bool, origin: bytes | None = None) -> None:
-    headers = [*JSON, (b"content-length", b"%d" % len(body))]
+async def _respond(
+    send: Any, status: int, body: bytes, draining: bool, origin: bytes | None = None, extra: Sequence[Header] = ()
+) -> None:
+    headers = [*JSON, (b"content-length", b"%d" % len(body)), *extra]
     if draining:  # the client's next request opens a new connection, to a server still in rotation
         headers.append((b"connection", b"close"))
     if origin:  # a browser on an allowed origin may read the answer

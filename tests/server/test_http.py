@@ -344,7 +344,11 @@ def test_models_info_health_and_openapi(served_http: ServerThread) -> None:
     assert httpx.get(base_url(served_http) + "/openapi.json").json() == SCHEMAS
     nowhere = httpx.get(base_url(served_http) + "/nowhere")
     assert nowhere.status_code == 404 and nowhere.json()["error"]["message"] == "no route GET /nowhere"
-    assert httpx.get(base_url(served_http) + "/v1/embeddings").status_code == 405
+    wrong_method = httpx.get(base_url(served_http) + "/v1/embeddings")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["message"] == "/v1/embeddings takes POST, not GET"
+    posted_health = httpx.post(base_url(served_http) + "/health")
+    assert posted_health.status_code == 405 and posted_health.headers["allow"] == "GET"
     # A base URL without /v1, or a trailing slash: the 404 says where the route is.
     for slip in ("/embeddings", "/v1/embeddings/", "/embeddings/"):
         answer = post(served_http, {"input": "x"}, path=slip)
