@@ -119,14 +119,16 @@ def error_body(error: EmbedError) -> tuple[int, bytes]:
     return status, orjson.dumps(body)
 
 
-def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+JSON_NAMES = {int: "an integer", str: "a string", bool: "a boolean"}
+
+
+def _field(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     """An optional field; JSON null counts as not given, as clients that serialise every field send it."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ParamError(f"'{name}' must be {names}", name)
+        raise ParamError(f"'{name}' must be {JSON_NAMES[kind]}; it is {json_kind(value)}", name)
     return value
 
 

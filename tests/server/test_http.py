@@ -164,6 +164,13 @@ def test_an_input_of_the_wrong_kind_is_told_what_it_sent(served_http: ServerThre
     assert error["param"] == "input" and error["message"].endswith(f"token ids; it is {said}"), error
 
 
+def test_a_field_of_the_wrong_kind_is_named_in_json_terms(served_http: ServerThread) -> None:
+    error = post(served_http, {"input": "ok", "dimensions": "8"}).json()["error"]
+    assert (error["message"], error["param"]) == ("'dimensions' must be an integer; it is a string", "dimensions")
+    error = post(served_http, {"input": "ok", "normalize": 1}).json()["error"]
+    assert error["message"] == "'normalize' must be a boolean; it is a number"
+
+
 def test_a_faulty_input_is_named_as_openai_names_it(served_http: ServerThread) -> None:
     """input[i] and param "input" over HTTP, where gRPC's message says inputs[i] (its field)."""
     blank = post(served_http, {"input": ["ok", "  "]}).json()["error"]
