@@ -35,10 +35,13 @@ class EmbedResult:
 
 
 def make_request(
-    texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = ""
+    texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = "", dimensions: int | None = None
 ) -> embedding_pb2.EmbedRequest:
-    """model "" asks for the server's default model."""
-    return embedding_pb2.EmbedRequest(inputs=list(texts), truncate=truncate, normalize=normalize, model=model)
+    """model "" asks for the server's default model; dimensions keeps the first d components (None: all)."""
+    request = embedding_pb2.EmbedRequest(inputs=list(texts), truncate=truncate, normalize=normalize, model=model)
+    if dimensions is not None:
+        request.dimensions = dimensions
+    return request
 
 
 def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
@@ -105,9 +108,14 @@ class EmbeddingClient:
         self.metadata = security.metadata()
 
     def embed(
-        self, texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = ""
+        self,
+        texts: Sequence[str],
+        truncate: bool = False,
+        normalize: bool = True,
+        model: str = "",
+        dimensions: int | None = None,
     ) -> EmbedResult:
-        request = make_request(texts, truncate, normalize, model)
+        request = make_request(texts, truncate, normalize, model, dimensions)
         return from_response(self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
 
     def info(self, model: str = "") -> dict[str, object]:
@@ -141,9 +149,14 @@ class AsyncEmbeddingClient:
         self.metadata = security.metadata()
 
     async def embed(
-        self, texts: Sequence[str], truncate: bool = False, normalize: bool = True, model: str = ""
+        self,
+        texts: Sequence[str],
+        truncate: bool = False,
+        normalize: bool = True,
+        model: str = "",
+        dimensions: int | None = None,
     ) -> EmbedResult:
-        request = make_request(texts, truncate, normalize, model)
+        request = make_request(texts, truncate, normalize, model, dimensions)
         return from_response(await self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
 
     async def info(self, model: str = "") -> dict[str, object]:
@@ -177,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embed.add_argument("texts", nargs="+")
     embed.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's limit")
     embed.add_argument("--no-normalize", action="store_true", help="return raw, not L2-normalised, vectors")
+    embed.add_argument("--dimensions", type=int, help="keep the first d components (re-normalised when normalising)")
     commands.add_parser("info", help="print the model and serving limits")
     health = commands.add_parser("health", help="print the health status; exit 1 unless SERVING")
     health.add_argument("--service", default="", help="service name; empty = the whole server")
@@ -186,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         security = Security(args.tls_ca, args.tls_cert, args.tls_key, token)
         with EmbeddingClient(args.target, args.timeout, security) as client:
             if args.command == "embed":
-                out: object = asdict(client.embed(args.texts, args.truncate, not args.no_normalize, args.model))
+                result = client.embed(args.texts, args.truncate, not args.no_normalize, args.model, args.dimensions)
+                out: object = asdict(result)
             elif args.command == "info":
                 out = client.info(args.model)
             else:

@@ -365,6 +365,9 @@ def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str
     assert json.loads(capsys.readouterr().out) == {"status": "SERVING"}
     assert main(["--target", served.target, "embed", ""]) == 1
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    assert main(["--target", served.target, "embed", "--dimensions", "8", "hello"]) == 0
+    short = np.array(json.loads(capsys.readouterr().out)["embeddings"][0])
+    assert short.shape == (8,) and abs(np.linalg.norm(short) - 1) < 1e-5
 
 
 def test_server_serves_the_int8_model_when_asked(tiny_artifacts, reference) -> None:
@@ -395,6 +398,8 @@ def test_dimensions_keep_the_first_components_renormalised_and_refuse_out_of_ran
     got = np.array(stub.Embed(shortened).embeddings[0].values)
     assert got.shape == (8,) and abs(np.linalg.norm(got) - 1.0) < 1e-5
     np.testing.assert_allclose(got, raw[:8] / np.linalg.norm(raw[:8]), atol=1e-5)
+    with EmbeddingClient(served.target) as client:  # the Python client asks for it the same way
+        assert client.embed(["the cat sat on the mat"], dimensions=8).embeddings[0] == pytest.approx(got.tolist())
     for bad in (0, 33):
         shortened.dimensions = bad
         with pytest.raises(grpc.RpcError) as error:
