@@ -60,10 +60,21 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
     )
 
 
+def plain(message: Any) -> dict[str, object]:
+    """Every field of a message, defaults included, as plain Python values: JSON-ready."""
+
+    def value(field: Any, v: Any) -> object:
+        return plain(v) if field.message_type else v
+
+    return {
+        f.name: [value(f, v) for v in getattr(message, f.name)] if f.is_repeated
+        else value(f, getattr(message, f.name))
+        for f in message.DESCRIPTOR.fields
+    }  # fmt: skip
+
+
 def info_dict(response: embedding_pb2.InfoResponse) -> dict[str, object]:
-    fields: dict[str, object] = {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
-    fields["models"] = [{f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields} for m in response.models]
-    return fields
+    return plain(response)
 
 
 @dataclass(frozen=True)

@@ -361,6 +361,10 @@ def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str
     assert main(["--target", served.target, "embed", "hello", "world"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["embeddings"]) == 2 and len(out["embeddings"][0]) == 32
+    assert main(["--target", served.target, "info"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    trained = served.stub().Info(embedding_pb2.InfoRequest()).models[0].trained_dimensions
+    assert info["dim"] == 32 and info["models"][0]["trained_dimensions"] == list(trained)  # a crash: not JSON
     assert main(["--target", served.target, "health"]) == 0
     assert json.loads(capsys.readouterr().out) == {"status": "SERVING"}
     assert main(["--target", served.target, "embed", ""]) == 1
