@@ -45,7 +45,7 @@ from server.errors import (
 )
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
-from server.pipeline import Tokenized, check_count
+from server.pipeline import Tokenized
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +334,10 @@ class HttpApi:
             model = self.state.resolve(_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
             inputs = parse_input(body.get("input"))
+            most = model.pipeline.limits.max_client_batch_size
+            if len(inputs) > most:
+                message = f"'input' holds {len(inputs)} items, more than max_client_batch_size={most}; split it"
+                raise ParamError(message, "input")
             encoding = _field(body, "encoding_format", str, "float")
             if encoding not in ENCODING_FORMATS:
                 raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
@@ -350,7 +354,6 @@ class HttpApi:
                 except BadInput as e:  # OpenAI's field is `input`
                     raise ParamError(f"input[{e.index}] {e.problem}", "input") from None
             else:
-                check_count(len(inputs), pipeline.limits)
                 tokenized = Tokenized(token_rows(inputs, model), [], 0.0)  # type: ignore[arg-type]
         finally:
             del body
