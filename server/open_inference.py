@@ -28,7 +28,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from server.admission import Admission
-from server.errors import InvalidInput
+from server.errors import BadInput, InvalidInput
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
 from server.pipeline import Tokenized, check_count
@@ -249,7 +249,10 @@ class OpenInferenceService(RpcAccounting):
         if set(tensors) == {TEXT_INPUT}:
             texts = decode_text(*tensors[TEXT_INPUT])
             normalize = _bool_parameter(request, "normalize", True)
-            tokenized = await model.pipeline.tokenize(texts, _bool_parameter(request, "truncate", False), client)
+            try:
+                tokenized = await model.pipeline.tokenize(texts, _bool_parameter(request, "truncate", False), client)
+            except BadInput as e:  # the tensor is `text`, not Embed's `inputs`
+                raise InvalidInput(f"{TEXT_INPUT}[{e.index}] {e.problem}") from None
             del texts
         elif set(tensors) == set(TOKEN_INPUTS):
             ids, mask = (decode_int64(*tensors[name]) for name in TOKEN_INPUTS)

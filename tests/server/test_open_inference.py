@@ -160,6 +160,7 @@ BAD_REQUESTS = {
     "count and contents differ": (_text([2]), "needs 2 elements, the contents hold 1"),
     "length prefix past the end": (_text([1], raw=b"\x09\x00\x00\x00a dog"), "element 0 says 9 bytes"),
     "not UTF-8": (_text([1], raw=b"\x02\x00\x00\x00\xff\xfe"), "element 0 is not valid UTF-8"),
+    "blank text": (_text([1], raw=b"\x02\x00\x00\x00  "), "text[0] is empty or only whitespace"),
     "unknown input": (pb.ModelInferRequest(model_name=MODEL, inputs=[{"name": "texts"}]), "send either 'text'"),
     "ids as INT32": (_tokens([[2, 5, 3]], [[1, 1, 1]], "INT32"), "'input_ids' must be INT64"),
     "ids of rank 1": (_tokens([2, 5, 3], [1, 1, 1]), "'input_ids' must have shape [N, T]"),
