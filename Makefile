@@ -86,12 +86,13 @@ serve: setup
 	$(PY) -m server --model $(ARTIFACTS) $(if $(wildcard $(ARTIFACTS)/minilm/manifest.json),--model $(ARTIFACTS)/minilm)
 
 # The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else;
-# each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well).
+# each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well);
+# in the second, each file's tests run on one worker in order (test_break_it.py counts what its fuzzing saw).
 SERVER_TIER = tests/server tests/contract tests/deploy tests/test_layers.py
 TEST_PROCESSES ?= 2
 test: dev-setup
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) -p tests.no_torch $(SERVER_TIER)
-	$(PY) -m pytest -q -n $(TEST_PROCESSES) $(addprefix --ignore=,$(SERVER_TIER))
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadfile $(addprefix --ignore=,$(SERVER_TIER))
 
 # The README's configuration table, from the settings' own descriptions (a test checks it is current).
 readme: setup
