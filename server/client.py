@@ -61,7 +61,8 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
 
 
 def plain(message: Any) -> dict[str, object]:
-    """Every field of a message, defaults included, as plain Python values: JSON-ready."""
+    """Every field of a message, defaults included, as plain Python values: JSON-ready. (json_format's
+    MessageToDict would turn the uint64 byte counts into strings.)"""
 
     def value(field: Any, v: Any) -> object:
         return plain(v) if field.message_type else v
@@ -71,10 +72,6 @@ def plain(message: Any) -> dict[str, object]:
         else value(f, getattr(message, f.name))
         for f in message.DESCRIPTOR.fields
     }  # fmt: skip
-
-
-def info_dict(response: embedding_pb2.InfoResponse) -> dict[str, object]:
-    return plain(response)
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,7 @@ class EmbeddingClient:
 
     def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)
-        return info_dict(self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
+        return plain(self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
 
     def health(self, service: str = "") -> str:
         response = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
@@ -172,7 +169,7 @@ class AsyncEmbeddingClient:
 
     async def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)
-        return info_dict(await self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
+        return plain(await self.stub.Info(request, timeout=self.timeout, metadata=self.metadata))
 
     async def health(self, service: str = "") -> str:
         response = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
