@@ -58,7 +58,8 @@ TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, o
 TRANSPORT_BATCH8 = (16,)
 PROTOCOL_LOADS = [(1, 32), (8, 16), (1, 1)]  # (texts per request, clients): HTTP against gRPC
 MINILM_PROTOCOL_LOADS = [(1, 32), (8, 16)]
-PROTOCOL_ROUNDS = 2
+# Three: the median then ignores one reading taken in a stall of the shared machine (two would average it in).
+PROTOCOL_ROUNDS = 3
 MINILM_CONCURRENCY = (32, 128)
 MINILM_TEXTS = 1000  # rows for all-MiniLM-L6-v2's raw ceiling and padding runs (about 20x slower per text)
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
