@@ -235,7 +235,7 @@ def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None
 def test_a_share_just_under_its_bar_never_reads_as_the_bar() -> None:
     """A run read all-MiniLM-L6-v2 at 214 of 253 texts/s (84.6%) against 85%: "85%" beside "no" reads as a
     contradiction, so shares against a ceiling carry one decimal."""
-    from bench.report import at, targets
+    from bench.report import targets
 
     run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
     run["minilm"]["ceiling"]["texts_per_second"] = 253.0
