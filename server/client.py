@@ -32,6 +32,7 @@ class EmbedResult:
     truncated_inputs: list[int]
     timings: dict[str, float]
     model: str  # the served model that computed them
+    dimensions_trained: bool | None = None  # asked for dimensions: whether the model was trained at that length
 
 
 def make_request(
@@ -57,6 +58,7 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
             "total_seconds": t.total_seconds,
         },
         model=response.model,
+        dimensions_trained=response.dimensions_trained if response.HasField("dimensions_trained") else None,
     )
 
 

@@ -87,6 +87,7 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
 OPENAPI = Path(__file__).parent / "openapi.json"
 Header = tuple[bytes, bytes]
 JSON: list[Header] = [(b"content-type", b"application/json")]
+DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
 CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does not list its own
 ENCODING_FORMATS = ("float", "base64")
@@ -243,7 +244,8 @@ class HttpApi:
             self.state.in_flight -= 1
         model = scope.get("embed.model", "")
         self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
-        await _respond(send, status, body, self.state.draining, origin)
+        answer_headers: Sequence[Header] = scope.get("embed.headers", ()) if status == 200 else ()
+        await _respond(send, status, body, self.state.draining, origin, answer_headers)
 
     def _methods_of(self, path: str) -> list[str]:
         return sorted({m for m, p in self._routes if p == path} | ({"GET"} if path in OPEN_ROUTES else set()))
@@ -344,6 +346,9 @@ class HttpApi:
             dimensions = _field(body, "dimensions", int, None)
             if dimensions is not None and not 1 <= dimensions <= model.info.dim:
                 raise ParamError(f"'dimensions' must be between 1 and {model.info.dim}, not {dimensions}", "dimensions")
+            if dimensions is not None:  # OpenAI's body has no place for it: a header says whether it was trained
+                trained = dimensions in model.info.trained_dimensions
+                scope["embed.headers"] = [(DIMENSIONS_TRAINED, b"true" if trained else b"false")]
             normalize = _field(body, "normalize", bool, True)
             truncate = _field(body, "truncate", bool, self.auto_truncate)
             _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it

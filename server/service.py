@@ -348,7 +348,10 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         del request  # only the token rows wait for the batch: the body's memory and places go now
         received.release()
         result = await model.pipeline.compute(tokenized, normalize, deadline, client, dimensions)
-        return to_response(result, time.perf_counter() - started, model.name)
+        response = to_response(result, time.perf_counter() - started, model.name)
+        if dimensions is not None:
+            response.dimensions_trained = dimensions in model.info.trained_dimensions
+        return response
 
     async def Embed(
         self, requests: AsyncIterator[Received], context: grpc.aio.ServicerContext

@@ -89,6 +89,38 @@ def test_info_lists_every_model_default_first(two_models: ServerThread) -> None:
     )
 
 
+def test_answers_say_whether_the_asked_length_was_trained(two_models: ServerThread) -> None:
+    """dimensions is served on every model; the answer says whether the model was trained at that length
+    (its manifest's trained lengths): a field over gRPC, a header over HTTP, unset when not asked."""
+    import httpx
+
+    from server.client import EmbeddingClient
+
+    def grpc_says(model: str, dimensions: int | None) -> bool | None:
+        message = embedding_pb2.EmbedRequest(inputs=TEXTS, model=model)
+        if dimensions is not None:
+            message.dimensions = dimensions
+        response = two_models.stub().Embed(message, timeout=10)
+        return response.dimensions_trained if response.HasField("dimensions_trained") else None
+
+    def http_says(model: str, dimensions: int | None) -> str | None:
+        body: dict[str, object] = {"input": TEXTS, "model": model}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        url = f"http://127.0.0.1:{two_models.server.http_port}/v1/embeddings"
+        answer = httpx.post(url, json=body, timeout=10)
+        assert answer.status_code == 200
+        return answer.headers.get("x-dimensions-trained")
+
+    cases = [("small", 16, True), ("small", 32, True), ("small", 8, False), ("bert", 16, False), ("small", None, None)]
+    for model, dimensions, trained in cases:
+        assert grpc_says(model, dimensions) is trained, (model, dimensions)
+        assert http_says(model, dimensions) == (None if trained is None else str(trained).lower()), (model, dimensions)
+    with EmbeddingClient(two_models.target) as client:
+        assert client.embed(TEXTS, model="small", dimensions=16).dimensions_trained is True
+        assert client.embed(TEXTS, model="small").dimensions_trained is None
+
+
 def test_health_has_an_entry_per_model(two_models: ServerThread) -> None:
     stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(two_models.target))
     for service in ("", "embedding.v1.Embedder", "inference.GRPCInferenceService", "model/small", "model/bert"):
