@@ -305,7 +305,8 @@ class HttpApi:
     async def _models(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         self.state.resolve("")  # NotReady while loading
         data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "embedding-service"} for name in self.state.models
+            {"id": name, "object": "model", "created": model.info.exported_at, "owned_by": "embedding-service"}
+            for name, model in self.state.models.items()
         ]
         return 200, orjson.dumps({"object": "list", "data": data})
 

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.manifest import Manifest
+from contract.manifest import MANIFEST_FILE, Manifest
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
@@ -36,6 +36,7 @@ class ModelInfo:
     version: str
     max_batch_tokens: int  # this model's: --max-batch-tokens, lowered to run within --max-batch-seconds
     trained_dimensions: tuple[int, ...]  # lengths built and measured to stand alone (the manifest's matryoshka_dims)
+    exported_at: int  # Unix time its manifest.json was written (by the export): OpenAI's model `created`
 
 
 @dataclass
@@ -113,6 +114,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         version=VERSION,
         max_batch_tokens=max_batch_tokens,
         trained_dimensions=manifest.trained_dimensions,
+        exported_at=int((model_dir / MANIFEST_FILE).stat().st_mtime),
     )
     return LoadedModel(runtime, tokenizer, info)
 

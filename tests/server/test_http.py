@@ -337,11 +337,13 @@ def test_overload_is_429_naming_the_budget(served_http: ServerThread) -> None:
     assert "request bodies in progress full" in response.json()["error"]["message"]
 
 
-def test_models_info_health_and_openapi(served_http: ServerThread) -> None:
+def test_models_info_health_and_openapi(served_http: ServerThread, tiny_artifacts: Path) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     models = httpx.get(base_url(served_http) + "/v1/models", headers=headers).json()
     conforms(models, "ModelList")
     assert [m["id"] for m in models["data"]] == list(served_http.server.state.models)
+    exported = int((tiny_artifacts / "manifest.json").stat().st_mtime)  # OpenAI's `created`: when it was exported
+    assert [m["created"] for m in models["data"]] == [exported]
     listed = client(served_http).models.list()
     assert [m.id for m in listed.data] == list(served_http.server.state.models)
     info = httpx.get(base_url(served_http) + "/info", headers=headers).json()
