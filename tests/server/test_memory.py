@@ -39,7 +39,8 @@ def test_the_byte_budget_is_what_the_target_leaves_once_the_models_are_warm() ->
 
 
 def test_a_limit_too_small_for_the_models_refuses_to_start_with_a_clear_message(tiny_artifacts: Path) -> None:
-    flags = ["--port", "0", "--metrics-port", "-1", "--model-dir", str(tiny_artifacts), "--memory-limit-mib", "64"]
+    flags = ["--port", "0", "--http-port", "-1", "--metrics-port", "-1", "--model-dir", str(tiny_artifacts)]
+    flags += ["--memory-limit-mib", "64"]
     done = subprocess.run(
         [sys.executable, "-m", "server", *flags],
         cwd=ROOT,

@@ -36,6 +36,7 @@ def test_sigterm_serves_every_request_sent_before_it_then_refuses_at_the_transpo
     port = free_port()
     target = f"127.0.0.1:{port}"
     env = {**os.environ, "EMBED_PORT": str(port), "EMBED_METRICS_PORT": "0", "EMBED_HOST": "127.0.0.1"}
+    env["EMBED_HTTP_PORT"] = "-1"  # over gRPC only; the default HTTP port is not ours to take in a test run
     process = subprocess.Popen(
         [
             sys.executable,

@@ -22,7 +22,7 @@ import server.app, server.client, server.workers  # noqa: E402
 from server.config import ServerConfig  # noqa: E402
 
 async def main():
-    config = ServerConfig(host="127.0.0.1", port=0, metrics_port=-1, model_dir=sys.argv[1])
+    config = ServerConfig(host="127.0.0.1", port=0, http_port=0, metrics_port=-1, model_dir=sys.argv[1])
     srv, port = await server.app.create_server(config)
     client = server.client.AsyncEmbeddingClient(f"127.0.0.1:{port}")
     result = await client.embed(["served without torch"])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,10 +18,29 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedding.v1 import embedding_pb2_grpc
-from loadtest.run import free_port, wait_serving
+from loadtest.run import wait_serving
 from tests.conftest import eventually, request
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def fixed_ports() -> tuple[int, int]:
+    """A gRPC port and a metrics port whose next port is free too (worker i serves metrics on port + i).
+
+    Workers need fixed ports, picked before they start. Below the kernel's ephemeral range: a port
+    from bind(0) could be handed to another test's bind(0) meanwhile, and metrics port + 1 has the
+    parity Linux gives outgoing connections, so any client socket of a parallel test could hold it.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        base = random.randrange(10_000, low - 3)
+        try:
+            for port in (base, base + 1, base + 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base, base + 1
 
 
 def samples(metrics_port: int) -> list:  # type: ignore[type-arg]
@@ -45,9 +66,7 @@ def model_loaded(metrics_port: int) -> bool:
 
 
 def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigterm(tiny_artifacts: Path) -> None:
-    port, metrics_port = free_port(), free_port()
-    while metrics_port + 1 == port:
-        metrics_port = free_port()
+    port, metrics_port = fixed_ports()
     parent = subprocess.Popen(
         [
             sys.executable,
@@ -65,6 +84,8 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
             str(metrics_port),
             "--model-dir",
             str(tiny_artifacts),
+            "--http-port",
+            "-1",
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -93,6 +114,7 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
     finally:
         if parent.poll() is None:
             parent.kill()
+            print(parent.communicate()[0])  # the workers' log, shown by pytest when the test failed
 
 
 def worker_pids(log_path: Path) -> dict[int, int]:
@@ -110,16 +132,14 @@ def worker_pids(log_path: Path) -> dict[int, int]:
 def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failure(
     tiny_artifacts: Path, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    port, metrics_port = free_port(), free_port()
-    while metrics_port + 1 == port:
-        metrics_port = free_port()
+    port, metrics_port = fixed_ports()
     log_path = tmp_path / "parent.log"
     with log_path.open("w") as log_file:
         parent = subprocess.Popen(
             [
                 *(sys.executable, "-m", "server", "--workers", "2", "--host", "127.0.0.1", "--port", str(port)),
                 *("--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)),
-                *("--model-dir", str(tiny_artifacts), "--drain-delay-seconds", "0.2"),
+                *("--model-dir", str(tiny_artifacts), "--drain-delay-seconds", "0.2", "--http-port", "-1"),
             ],
             cwd=ROOT,
             stdout=log_file,
@@ -222,6 +242,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
             channel.close()
         if parent.poll() is None:
             parent.kill()
+        print(log_path.read_text())  # the workers' log, shown by pytest when the test failed
 
 
 def test_workers_that_refuse_the_configuration_stop_the_parent_with_exit_2_at_once(tmp_path: Path) -> None:
