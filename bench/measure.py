@@ -331,15 +331,19 @@ def compare_protocols(  # type: ignore[type-arg]
 ) -> dict[str, dict[str, list[dict]]]:
     """Each load (texts per request, clients) over gRPC, over HTTP and on the HTTP transport ceiling (a minimal
     app on the same stack answering a fixed vector), all from the same load generator; rounds interleaved, so
-    that the machine's drift hits every target alike. Readings by load ("1x32"), then target, one per round."""
+    that the machine's drift hits every target alike, and every other round in reverse order, so that a drift
+    within a round does not always fall on the target read last. Readings by load ("1x32"), then target, one
+    per round, each with its round and its place in that round's order."""
     results: dict[str, dict[str, list[dict]]] = {}  # type: ignore[type-arg]
     with transport_server(dim, "http") as ceiling:
         targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.address}
-        for _ in range(rounds):
+        for round_ in range(rounds):
+            order = list(targets.items())[:: -1 if round_ % 2 else 1]
             for per_request, clients in loads:
-                for name, target in targets.items():
+                for place, (name, target) in enumerate(order):
                     protocol = "grpc" if name == "grpc" else "http"
                     reading = load(target, clients, texts_file, seconds, per_request, protocol)
+                    reading |= {"round": round_, "place": place}
                     results.setdefault(f"{per_request}x{clients}", {}).setdefault(name, []).append(reading)
     return results
 

@@ -215,6 +215,9 @@ def test_the_protocol_comparison_reads_every_target_in_every_round(served: Serve
     for name, runs in loads["2x3"].items():
         assert len(runs) == 2 and all(r["requests"] > 0 and r["errors"] == 0 for r in runs), name
         assert all(r["texts_per_request"] == 2 and r["concurrency"] == 3 for r in runs)
+    # The second round reads the targets in reverse: a drift within a round does not always hit the last one.
+    places = {name: [r["place"] for r in runs] for name, runs in loads["2x3"].items()}
+    assert places == {"grpc": [0, 2], "http": [1, 1], "http ceiling": [2, 0]}
 
 
 def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None:
