@@ -456,8 +456,9 @@ async def _respond(
     headers = [*JSON, (b"content-length", b"%d" % len(body)), *extra]
     if draining:  # the client's next request opens a new connection, to a server still in rotation
         headers.append((b"connection", b"close"))
-    if origin:  # a browser on an allowed origin may read the answer
+    if origin:  # a browser on an allowed origin may read the answer, our own header included
         headers += [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
+        headers += [(b"access-control-expose-headers", DIMENSIONS_TRAINED)]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -587,9 +587,12 @@ def test_browsers_on_allowed_origins_get_cors_headers_and_others_none(
         assert preflight.headers["access-control-allow-origin"] == app
         assert "POST" in preflight.headers["access-control-allow-methods"]
         assert preflight.headers["access-control-allow-headers"] == asked["Access-Control-Request-Headers"]
-        answer = httpx.post(url + "/v1/embeddings", json={"input": "a river"}, headers={"Origin": app})
+        answer = httpx.post(url + "/v1/embeddings", json={"input": "a river", "dimensions": 8}, headers={"Origin": app})
         assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == app
         assert answer.headers["vary"] == "origin"
+        # A page's script reads a response header only when the server exposes it.
+        assert answer.headers["x-dimensions-trained"] == "false"
+        assert answer.headers["access-control-expose-headers"] == "x-dimensions-trained"
         error = httpx.post(url + "/v1/embeddings", json={"input": []}, headers={"Origin": app})
         assert error.status_code == 400 and error.headers["access-control-allow-origin"] == app  # readable too
 
