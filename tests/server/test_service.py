@@ -372,6 +372,15 @@ def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str
     assert main(["--target", served.target, "embed", "--dimensions", "8", "hello"]) == 0
     short = np.array(json.loads(capsys.readouterr().out)["embeddings"][0])
     assert short.shape == (8,) and abs(np.linalg.norm(short) - 1) < 1e-5
+    # --model before the command or after it, beside the command's own flags.
+    name = served.stub().Info(embedding_pb2.InfoRequest()).model
+    for where in (["--model", name, "embed"], ["embed", "--model", name]):
+        assert main(["--target", served.target, *where, "hello"]) == 0
+        assert json.loads(capsys.readouterr().out)["model"] == name
+    assert main(["--target", served.target, "embed", "--model", "nope", "hello"]) == 1
+    assert "'nope'" in capsys.readouterr().err
+    assert main(["--target", served.target, "info", "--model", name]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == name
 
 
 def test_server_serves_the_int8_model_when_asked(tiny_artifacts, reference) -> None:
