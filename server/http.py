@@ -150,15 +150,43 @@ def parse_input(value: Any) -> list[str] | list[list[int]]:
     if not isinstance(value, list) or not value:
         kind = json_kind(value)
         raise ParamError(f"'input' must be a string, a list of strings, or token ids; it is {kind}", "input")
-    if all(isinstance(v, str) for v in value):
+    forms = [_form(v) for v in value]
+    if all(form == "text" for form in forms):
         return value
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if all(form == "id" for form in forms):
         return [value]
-    if all(isinstance(r, list) and r and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in value):
-        return value
+    if all(form == "ids" for form in forms):
+        empty = next((i for i, r in enumerate(value) if not r), None)
+        if empty is None:
+            return value
+        raise ParamError(f"input[{empty}] is an empty list of token ids", "input")
+    # Name the first item that no form of `input` holds, or that differs in form from input[0].
+    i = next((i for i, form in enumerate(forms) if form is None or form != forms[0]), 0)
+    said = f"input[{i}] is {_what(value[i])}" + (f", input[0] {_what(value[0])}" if forms[i] else "")
     raise ParamError(
-        "'input' must be a string, a list of strings, a list of token ids or a list of such lists", "input"
+        f"'input' must be a string, a list of strings, a list of token ids or a list of such lists; {said}", "input"
     )
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _form(item: Any) -> str | None:
+    """What an item of a list `input` is: a text, a token id, a list of token ids, or none of them."""
+    if isinstance(item, str):
+        return "text"
+    if _is_id(item):
+        return "id"
+    return "ids" if isinstance(item, list) and all(_is_id(v) for v in item) else None
+
+
+def _what(item: Any) -> str:
+    if isinstance(item, float):
+        return "a number that is not an integer"
+    if isinstance(item, list) and not all(_is_id(v) for v in item):
+        return f"a list holding {_what(next(v for v in item if not _is_id(v)))}"
+    return json_kind(item)
 
 
 def token_rows(rows: list[list[int]], model: ServedModel) -> list[np.ndarray]:

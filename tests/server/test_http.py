@@ -176,6 +176,14 @@ def test_a_faulty_input_is_named_as_openai_names_it(served_http: ServerThread) -
     """input[i] and param "input" over HTTP, where gRPC's message says inputs[i] (its field)."""
     blank = post(served_http, {"input": ["ok", "  "]}).json()["error"]
     assert (blank["message"], blank["param"]) == ("input[1] is empty or only whitespace", "input")
+    no_ids = post(served_http, {"input": [[5, 6], []]}).json()["error"]
+    assert (no_ids["message"], no_ids["param"]) == ("input[1] is an empty list of token ids", "input")
+    mixed = post(served_http, {"input": [5, "ok"]}).json()["error"]["message"]
+    assert mixed.endswith("such lists; input[1] is a string, input[0] a number"), mixed
+    for sent, said in (([{"text": "ok"}], "input[0] is an object"), ([[5, "6"]], "input[0] is a list holding a string"),
+                       ([5, 6.5], "input[1] is a number that is not an integer")):  # fmt: skip
+        message = post(served_http, {"input": sent}).json()["error"]["message"]
+        assert message.endswith(f"such lists; {said}"), message
     long = post(served_http, {"input": ["ok", "ok " * 200], "truncate": False}).json()["error"]
     assert long["message"].startswith("input[1] has ") and "tokens, more than the limit of" in long["message"]
 
