@@ -23,6 +23,16 @@ class BadInput(InvalidInput):
         self.problem = problem
 
 
+class TooManyInputs(InvalidInput):
+    """More inputs in one request than max_client_batch_size. The counts are kept apart, as BadInput's
+    index is, so that each protocol names its own field."""
+
+    def __init__(self, count: int, most: int) -> None:
+        super().__init__(f"{count} inputs, more than max_client_batch_size={most}; split the request")
+        self.count = count
+        self.most = most
+
+
 class UnknownModel(InvalidInput):
     """The request names a model this server does not serve."""
 

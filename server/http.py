@@ -39,13 +39,14 @@ from server.errors import (
     InvalidInput,
     NotReady,
     Overloaded,
+    TooManyInputs,
     Unauthenticated,
     UnknownModel,
     nearest_entry,
 )
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
-from server.pipeline import Tokenized
+from server.pipeline import Tokenized, check_count
 
 log = logging.getLogger(__name__)
 
@@ -365,10 +366,11 @@ class HttpApi:
             model = self.state.resolve(_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
             inputs = parse_input(body.get("input"))
-            most = model.pipeline.limits.max_client_batch_size
-            if len(inputs) > most:
-                message = f"'input' holds {len(inputs)} items, more than max_client_batch_size={most}; split it"
-                raise ParamError(message, "input")
+            try:
+                check_count(len(inputs), model.pipeline.limits)  # before tokenizing: texts and token ids alike
+            except TooManyInputs as e:  # OpenAI's field is `input`
+                message = f"'input' holds {e.count} items, more than max_client_batch_size={e.most}; split it"
+                raise ParamError(message, "input") from None
             encoding = _field(body, "encoding_format", str, "float")
             if encoding not in ENCODING_FORMATS:
                 raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
@@ -376,8 +378,8 @@ class HttpApi:
             if dimensions is not None and not 1 <= dimensions <= model.info.dim:
                 raise ParamError(f"'dimensions' must be between 1 and {model.info.dim}, not {dimensions}", "dimensions")
             if dimensions is not None:  # OpenAI's body has no place for it: a header says whether it was trained
-                trained = dimensions in model.info.trained_dimensions
-                scope["embed.headers"] = [(DIMENSIONS_TRAINED, b"true" if trained else b"false")]
+                trained = b"true" if model.info.trained_at(dimensions) else b"false"
+                scope["embed.headers"] = [(DIMENSIONS_TRAINED, trained)]
             normalize = _field(body, "normalize", bool, True)
             truncate = _field(body, "truncate", bool, self.auto_truncate)
             _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it

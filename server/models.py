@@ -38,6 +38,10 @@ class ModelInfo:
     trained_dimensions: tuple[int, ...]  # lengths built and measured to stand alone (the manifest's matryoshka_dims)
     exported_at: int  # Unix time its manifest.json was written (by the export): OpenAI's model `created`
 
+    def trained_at(self, dimensions: int) -> bool:
+        """Whether the model was built and measured to stand alone at this length (answers say so)."""
+        return dimensions in self.trained_dimensions
+
 
 @dataclass
 class LoadedModel:

@@ -19,7 +19,7 @@ import numpy as np
 
 from server.backend import l2_normalize
 from server.batcher import Batcher
-from server.errors import BadInput, InvalidInput
+from server.errors import BadInput, InvalidInput, TooManyInputs
 from server.metrics import ModelMetrics
 from server.tokenize import TextTokenizer, Token
 
@@ -52,9 +52,7 @@ class Embedded:
 
 def check_count(n: int, limits: Limits) -> None:
     if n > limits.max_client_batch_size:
-        raise InvalidInput(
-            f"{n} inputs, more than max_client_batch_size={limits.max_client_batch_size}; split the request"
-        )
+        raise TooManyInputs(n, limits.max_client_batch_size)
 
 
 def validate(texts: Sequence[str], limits: Limits, prepare: Callable[[str], str] = str) -> list[str]:

@@ -350,7 +350,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         result = await model.pipeline.compute(tokenized, normalize, deadline, client, dimensions)
         response = to_response(result, time.perf_counter() - started, model.name)
         if dimensions is not None:
-            response.dimensions_trained = dimensions in model.info.trained_dimensions
+            response.dimensions_trained = model.info.trained_at(dimensions)
         return response
 
     async def Embed(
