@@ -16,8 +16,10 @@ between the two widths and adds nothing to the exported model.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,11 @@ from contract.manifest import MODEL_FILES, Manifest
 TEACHER_PRECISION = "int8"
 TEACHER_MAX_TOKENS = 32  # the student's training truncation: both see the same text
 TEACHER_BATCH = 128
+SIDE_BY_SIDE_MAX_TOKENS = 32  # texts truncated to at most this run one batch per core at once (run_teacher)
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
@@ -61,11 +68,13 @@ def cache_key(teacher_dir: Path, texts: Sequence[str], max_tokens: int, precisio
     return digest.hexdigest()[:16]
 
 
-def teacher_session(teacher_dir: Path, precision: str) -> Any:
-    """An ONNX Runtime session on the exported teacher's CPU build, threads spinning (compute dominates)."""
+def teacher_session(teacher_dir: Path, precision: str, threads: int = 0) -> Any:
+    """An ONNX Runtime session on the exported teacher's CPU build: on `threads` threads, spinning (compute
+    dominates); 0 = one per core. With one thread, each call runs on its caller's thread."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
     path = teacher_dir / MODEL_FILES[precision]
@@ -83,19 +92,29 @@ def run_teacher(
     manifest = Manifest.read(teacher_dir)
     tokenizer = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
     rows = encode_texts(tokenizer, texts, max_tokens)
-    session = teacher_session(teacher_dir, precision)
+    # Short texts: one call per core at once, each on one thread, 5-13% faster than one call at a time on
+    # every core (two cores, batches of 128 texts of 32 tokens), each row the same to the bit. Longer ones:
+    # one call at a time on every core (6,000 texts of up to 256 tokens in fp32: 29.7 s against 31.5 s).
+    side_by_side = cores() if max_tokens <= SIDE_BY_SIDE_MAX_TOKENS else 1
+    session = teacher_session(teacher_dir, precision, threads=1 if side_by_side > 1 else 0)
     out = np.zeros((len(rows), int(session.get_outputs()[0].shape[1])), dtype=np.float32)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # little padding per batch
-    starts = range(0, len(order), TEACHER_BATCH)
-    # Minutes on 2 cores for the training corpus: shown as it goes.
-    for start in tqdm(starts, desc="teacher embeddings", unit="batch", mininterval=1.0, disable=len(starts) < 20):
-        chunk = order[start : start + TEACHER_BATCH]
+    chunks = [order[start : start + TEACHER_BATCH] for start in range(0, len(order), TEACHER_BATCH)]
+
+    def embed(chunk: list[int]) -> None:
         batch = [rows[i] for i in chunk]
         ids = np.full((len(batch), max(len(r) for r in batch)), manifest.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1
         out[chunk] = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
+
+    with ThreadPoolExecutor(side_by_side) as pool:  # ONNX Runtime releases the GIL while it runs
+        # Minutes on 2 cores for the training corpus: shown as it goes.
+        done = tqdm(pool.map(embed, chunks), total=len(chunks), desc="teacher embeddings", unit="batch",
+                    mininterval=1.0, disable=len(chunks) < 20)  # fmt: skip
+        for _ in done:
+            pass
     return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
