@@ -63,6 +63,24 @@ def test_flops_per_token_of_minilm() -> None:
     assert flops_per_token(6, 384, 1536) == 2 * 6 * (589_824 + 1_179_648) == 21_233_664
 
 
+def test_the_teacher_gives_the_same_rows_in_order_on_any_number_of_threads(
+    tiny_bert_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Several batches of mixed lengths (sorted into batches by length, so each batch's rows come from all over
+    # the list): side by side on three threads, every row lands where its text is, as one call at a time.
+    texts = [" ".join(["word"] * (1 + i % 9)) + f" {i}" for i in range(3 * model.distill.TEACHER_BATCH + 5)]
+    monkeypatch.setattr(model.distill, "cores", lambda: 1)
+    alone = model.distill.run_teacher(tiny_bert_artifacts, texts, precision="fp32")
+    monkeypatch.setattr(model.distill, "cores", lambda: 3)
+    side_by_side = model.distill.run_teacher(tiny_bert_artifacts, texts, precision="fp32")
+    assert alone.shape == (len(texts), Manifest.read(tiny_bert_artifacts).dim)
+    np.testing.assert_allclose(side_by_side, alone, rtol=0, atol=1e-6)
+    assert not np.allclose(alone[0], alone[1])  # rows differ, so a row in the wrong place would show
+    for i in (0, 7, len(texts) - 1):  # and each is its own text's embedding, as computed alone
+        one = model.distill.run_teacher(tiny_bert_artifacts, [texts[i]], precision="fp32")
+        np.testing.assert_allclose(side_by_side[i], one[0], rtol=0, atol=1e-5)
+
+
 def tiny_config(out_dir: Path, teacher_dir: str = "") -> TrainConfig:
     return tiny_train_config(out_dir=str(out_dir), teacher_dir=teacher_dir, outside_sentences=200, outside_pairs=500)
 
