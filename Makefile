@@ -42,11 +42,13 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11 is required"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing what make run needs into $(VENV) (torch, ONNX Runtime, gRPC, ...: 20-30 s on 2 cores)"
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -e '.[train,codegen]'
 	$(COMPILE_RUN)
 	@touch $@
 $(DEV_STAMP): $(STAMP)
+	@echo "installing the test, lint and load tools into $(VENV)"
 	$(PY) -m pip install -q --no-compile -e '.[train,codegen,dev]'
 	$(COMPILE)
 	@touch $@
