@@ -6,6 +6,9 @@ HTTP: each worker holds one keep-alive HTTP/1.1 connection and posts OpenAI's re
 /v1/embeddings with encoding_format base64 (what the openai package sends), over plain asyncio streams
 so that the client costs about what grpc.aio's C core costs the gRPC side.
 
+gRPC: the workers share one connection, as one client's channel does, or --grpc-connections of them
+(the server's fair queue then sees that many clients, as it sees each HTTP connection as one).
+
 Closed loop: each of `concurrency` workers sends one Embed request (one text, or --texts-per-request),
 waits for the answer, sends the next. Prints one JSON object: texts/s, latency percentiles (ms), errors.
 """
@@ -80,9 +83,12 @@ async def run(
     watch_pid: int | None = None,
     protocol: str = "grpc",
     raw_latencies: bool = False,
+    grpc_connections: int = 1,
 ) -> dict[str, object]:
-    channel = grpc.aio.insecure_channel(target)
-    stub = embedding_pb2_grpc.EmbedderStub(channel)
+    # Each channel its own connection (a local subchannel pool): the server sees that many clients.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(grpc_connections)]
+    stubs = [embedding_pb2_grpc.EmbedderStub(channel) for channel in channels]
     latencies: list[float] = []
     errors = 0
     error_kinds: dict[str, int] = {}  # gRPC status name, or the exception's type for HTTP
@@ -102,6 +108,7 @@ async def run(
                     if await http.post(body) != 200:
                         raise OSError("not 200")
                 else:
+                    stub = stubs[seed % len(stubs)]
                     await stub.Embed(embedding_pb2.EmbedRequest(inputs=sample, truncate=True), timeout=30)
                 if measuring:
                     latencies.append(time.perf_counter() - start)
@@ -125,7 +132,8 @@ async def run(
     server_cpu = {k: v - cpu_before[k] for k, v in thread_cpu_seconds(watch_pid).items()} if watch_pid else {}
     stop = True
     await asyncio.gather(*workers)
-    await channel.close()
+    for channel in channels:
+        await channel.close()
     ms = np.array(latencies) * 1000
     return {
         "concurrency": concurrency,
@@ -156,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--raw-latencies", action="store_true", help="also print every latency (to merge processes)")
+    parser.add_argument(
+        "--grpc-connections", type=int, default=1, help="gRPC: spread the clients over this many connections"
+    )
     args = vars(parser.parse_args(argv))
     args["texts"] = json.loads(Path(args["texts"]).read_text())
     json.dump(asyncio.run(run(**args)), sys.stdout)

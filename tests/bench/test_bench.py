@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from bench.measure import ModelShape, plan_batches
@@ -71,6 +72,28 @@ def test_load_generator_reports_throughput_and_latency(served: ServerThread, tmp
     result = run_loadgen(served.target, texts, "--concurrency", "4", "--duration", "1", "--texts-per-request", "2")
     assert result["errors"] == 0 and result["requests"] > 10
     assert result["texts_per_second"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
+
+
+def test_load_generator_spreads_grpc_clients_over_the_connections_asked(
+    served: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's fair queue keys clients by connection: one channel is one client, as each HTTP connection is.
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
+    batcher = served.server.state.resolve("").batcher
+    clients: set[str] = set()
+    submit = batcher.submit
+
+    async def recording(rows, deadline=None, client=""):  # type: ignore[no-untyped-def]
+        clients.add(client)
+        return await submit(rows, deadline, client)
+
+    monkeypatch.setattr(batcher, "submit", recording)
+    for connections in (1, 3):
+        clients.clear()
+        result = run_loadgen(served.target, texts, "--concurrency", "6", "--duration", "1",
+                             "--grpc-connections", str(connections))  # fmt: skip
+        assert result["errors"] == 0 and len(clients) == connections
 
 
 def test_transport_ceiling_server_answers_each_input_with_a_fixed_vector(tmp_path: Path) -> None:
