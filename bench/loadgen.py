@@ -85,8 +85,8 @@ async def run(
     raw_latencies: bool = False,
     grpc_connections: int = 1,
 ) -> dict[str, object]:
-    # Each channel its own connection (a local subchannel pool): the server sees that many clients.
-    options = [("grpc.use_local_subchannel_pool", 1)]
+    # Channels to one target share one connection unless each keeps its own subchannel pool.
+    options = [("grpc.use_local_subchannel_pool", 1)] if grpc_connections > 1 else []
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(grpc_connections)]
     stubs = [embedding_pb2_grpc.EmbedderStub(channel) for channel in channels]
     latencies: list[float] = []
