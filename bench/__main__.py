@@ -28,9 +28,9 @@ import numpy as np
 
 from bench.measure import (
     TRAFFIC_TEXTS,
-    ModelShape,
     compare_protocols,
     cpu_name,
+    forward_flops,
     load_sweep,
     matmul_peak_flops,
     median_seconds,
@@ -88,6 +88,7 @@ def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, 
 
 
 class WarmModel(NamedTuple):
+    folder: Path
     manifest: Manifest
     tokenizer: TextTokenizer
     runtime: OnnxRuntime
@@ -100,6 +101,8 @@ def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
     """A model's manifest, tokenizer and warmed-up runtime (small batches on one thread where the server runs them
     so), its rows of the texts, and the batches the server forms of them: its default policy, the token budget
     lowered to what runs within --max-batch-seconds."""
+    if not (folder / MANIFEST_FILE).is_file():
+        raise SystemExit(f"{folder} holds no exported model: run `make export` (or `make export-pretrained`) first")
     manifest = Manifest.read(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json")
     rows = tokenizer.encode(texts, truncate=True).rows
@@ -108,7 +111,7 @@ def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
     runtime.use_one_thread_up_to(defaults.one_thread_batch_tokens, tokenizer.max_length)  # small batches as served
     policy = batch_policy(defaults, batch_token_budget(runtime, defaults, tokenizer.max_length))
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
-    return WarmModel(manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
+    return WarmModel(folder, manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
 
 
 def single_text_seconds(runtime: OnnxRuntime, rows: list[np.ndarray], n: int) -> list[float]:
@@ -132,43 +135,72 @@ def padding(runtime: OnnxRuntime, rows: list[np.ndarray], policy: BatchPolicy) -
     }
 
 
-def measure_minilm(folder: Path, texts: list[str], texts_file: Path, duration: float, provider: str) -> dict[str, Any]:
-    """all-MiniLM-L6-v2 served unchanged: raw ceiling, server with and without batching, padding, int8,
-    HTTP against gRPC."""
-    if not (folder / MANIFEST_FILE).is_file():
-        raise SystemExit(f"{folder} holds no export of all-MiniLM-L6-v2: run `make export-pretrained` first")
-    print(f"7. all-MiniLM-L6-v2 ({folder}), served unchanged", flush=True)
-    manifest, _, runtime, rows, policy, batches = warm_model(folder, texts[:MINILM_TEXTS], provider)
-    ceiling = [len(rows) / time_batches(runtime, batches, repeats=2)]
-    print(f"  raw ceiling {ceiling[0]:.0f} texts/s", flush=True)
-    singles = single_text_seconds(runtime, rows, 100)  # one at a time: what no batching at all can reach
-    flags = [*MINILM_FLAGS, "--provider", provider]
-    with local_server(str(folder), flags) as server:
-        batching = load_sweep(server.target, MINILM_CONCURRENCY, texts_file, duration)
-        protocols = compare_protocols(
-            server, manifest.dim, texts_file, duration / 2, PROTOCOL_ROUNDS, MINILM_PROTOCOL_LOADS
-        )
-    with local_server(str(folder), [*flags, "--max-batch-size", "1"]) as server:
-        no_batching = load_sweep(server.target, (32,), texts_file, duration)
-    ceiling.append(len(rows) / time_batches(runtime, batches, repeats=2))
-    print(f"  raw ceiling again {ceiling[1]:.0f} texts/s", flush=True)
+class Plan(NamedTuple):
+    """What is measured of one served model."""
+
+    flags: list[str]  # the server's, besides --provider
+    levels: Sequence[int]  # clients in the batching sweep
+    unbatched_levels: Sequence[int]  # clients in the --max-batch-size 1 sweep
+    protocol_loads: list[tuple[int, int]]
+    singles: int  # texts timed alone
+    torch_threads: int = 0  # eager PyTorch and TorchScript per batch beside ONNX Runtime (a trained checkpoint)
+    batch8_levels: Sequence[int] = ()  # clients sending 8 texts per request
+
+
+def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, provider: str) -> dict[str, Any]:
+    """One served model: its raw ceiling before and after the servers, single-text time, the server with and
+    without batching, HTTP against gRPC, padding and per-batch latency."""
+    rows, runtime, batches, policy = w.rows, w.runtime, w.batches, w.policy
+    readings = [len(rows) / time_batches(runtime, batches)]
+    print(f"  raw ceiling {readings[0]:.0f} texts/s", flush=True)
+    singles = single_text_seconds(runtime, rows, plan.singles)
+    flags = [*plan.flags, "--provider", provider]
+    with local_server(str(w.folder), flags) as server:
+        pid = server.process.pid
+        result = {
+            "server": load_sweep(server.target, plan.levels, texts_file, duration, watch_pid=pid),
+            "server_batch8": load_sweep(server.target, plan.batch8_levels, texts_file, duration, 8, watch_pid=pid),
+            "protocols": {
+                "loads": compare_protocols(
+                    server, w.manifest.dim, texts_file, duration / 2, PROTOCOL_ROUNDS, plan.protocol_loads
+                ),
+                "raw": raw_rates(runtime, rows, plan.protocol_loads, policy),
+            },
+        }
+    with local_server(str(w.folder), [*flags, "--max-batch-size", "1"]) as server:
+        result["no_batching"] = load_sweep(server.target, plan.unbatched_levels, texts_file, duration)
+    readings.append(len(rows) / time_batches(runtime, batches))
+    print(f"  raw ceiling again {readings[1]:.0f} texts/s", flush=True)
     ids, mask = pad_rows(rows[:32], runtime.pad_id)
-    return {
-        "model_id": manifest.model_id,
-        "config": manifest.config,
-        "parameters": onnx_parameters(folder / "model.onnx"),
-        "ceiling": {"texts_per_second": max(ceiling), "readings": ceiling, "batches": len(batches)},
+    batch_provider = "cpu" if plan.torch_threads else provider  # beside eager PyTorch, which runs on the CPU
+    config = w.manifest.config
+    flops = sum(forward_flops(config, len(b), max(len(r) for r in b)) for b in batches)
+    return result | {
+        "model_id": w.manifest.model_id,
+        "config": config,
+        "parameters": onnx_parameters(w.folder / "model.onnx"),
+        # The machine's speed can drift over the run (shared VM): the server is compared against the higher of
+        # the two readings, so the ratio is never flattered by a slow one.
+        "ceiling": {
+            "texts_per_second": max(readings),
+            "readings": readings,
+            "batches": len(batches),
+            "mean_batch": len(rows) / len(batches),
+            "flops_per_text": flops / len(rows),
+            "padded_tokens_per_text": sum(len(b) * max(len(r) for r in b) for b in batches) / len(rows),
+            "real_tokens_per_text": sum(len(r) for r in rows) / len(rows),
+        },
         "max_batch_tokens": policy.max_batch_tokens,
         "single_text_ms": 1000 * float(np.median(singles)),
         "singles_per_second": len(singles) / sum(singles),
-        "server": batching,
-        "no_batching": no_batching,
-        "protocols": {"loads": protocols, "raw": raw_rates(runtime, rows, MINILM_PROTOCOL_LOADS, policy)},
         "padding": padding(runtime, rows, policy),
-        "per_batch": {"shape": list(ids.shape), "seconds": per_batch_latency(folder, ids, mask, provider)},
-        "int8_cosine": manifest.precision["int8 vs fp32"],
-        "int8_build": manifest.precision["int8_build"],
-        "server_flags": MINILM_FLAGS,
+        "per_batch": {
+            "shape": list(ids.shape),
+            "seconds": per_batch_latency(w.folder, ids, mask, batch_provider, plan.torch_threads),
+        },
+        "int8_cosine": w.manifest.precision.get("int8 vs fp32"),
+        "int8_build": w.manifest.precision.get("int8_build"),
+        "server_flags": plan.flags,
     }
 
 
@@ -180,104 +212,53 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs"))
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider measured")
     args = parser.parse_args(argv)
-    server_flags = ["--provider", args.provider]
     started = time.time()
     threads = os.cpu_count() or 1
     texts = traffic()
-    manifest, tokenizer, runtime, rows, policy, batches = warm_model(args.model_dir, texts, args.provider)
-    config = manifest.config
-    results: dict[str, Any] = {}
-
-    print("1. ceiling: raw ONNX Runtime on the batcher's batches", flush=True)
-    seconds = time_batches(runtime, batches)
-    shape = ModelShape(config["n_layers"], config["d_model"], config["d_ff"])
-    flops = sum(shape.flops(len(b), max(len(r) for r in b)) for b in batches)
-    ceiling = {
-        "texts_per_second": len(rows) / seconds,
-        "batches": len(batches),
-        "mean_batch": len(rows) / len(batches),
-        "flops_per_text": flops / len(rows),
-        "padded_tokens_per_text": sum(len(b) * max(len(r) for r in b) for b in batches) / len(rows),
-        "real_tokens_per_text": sum(len(r) for r in rows) / len(rows),
-    }
-    results["ceiling"] = ceiling
-    print(f"  {ceiling['texts_per_second']:.0f} texts/s", flush=True)
-    results["single_text_ms"] = 1000 * float(np.median(single_text_seconds(runtime, rows, 300)))
-    results["tokenize_one_ms"] = 1000 * median_seconds(lambda: tokenizer.encode([texts[0]], True), 200)
-
+    trained = warm_model(args.model_dir, texts, args.provider)
+    minilm_dir = args.minilm_dir or args.model_dir / "minilm"
+    minilm = warm_model(minilm_dir, texts[:MINILM_TEXTS], args.provider)  # fails early when it is missing
     with tempfile.TemporaryDirectory() as tmp:
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(texts))
-        transport_readings = [measure_transport(runtime.dim, texts_file, args.duration)]
-        print("2. server with dynamic batching; then HTTP against gRPC on it", flush=True)
-        with local_server(str(args.model_dir), server_flags) as server:
-            pid = server.process.pid
-            results["server"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration, watch_pid=pid)
-            results["server_batch8"] = load_sweep(
-                server.target, BATCH8_CONCURRENCY, texts_file, args.duration, 8, watch_pid=pid
-            )
-            protocols = compare_protocols(
-                server, runtime.dim, texts_file, args.duration / 2, PROTOCOL_ROUNDS, PROTOCOL_LOADS
-            )
-        results["protocols"] = {"loads": protocols, "raw": raw_rates(runtime, rows, PROTOCOL_LOADS, policy)}
-        print(f"workers: 1 against --workers {WORKERS}, {WORKER_CONNECTIONS} connections", flush=True)
+        transport_readings = [measure_transport(trained.runtime.dim, texts_file, args.duration)]
+        print("1. the trained model: raw ceiling, server with and without batching, HTTP against gRPC", flush=True)
+        plan = Plan([], CONCURRENCY, CONCURRENCY, PROTOCOL_LOADS, 300, threads, BATCH8_CONCURRENCY)
+        results = measure_model(trained, plan, texts_file, args.duration, args.provider)
+        print(f"2. workers: 1 against --workers {WORKERS}, {WORKER_CONNECTIONS} connections", flush=True)
+        flags = ["--provider", args.provider]
         results["workers"] = {"n": WORKERS, "connections": WORKER_CONNECTIONS} | {
-            str(n): workers_reading(args.model_dir, server_flags, n, WORKER_CONNECTIONS, texts_file, args.duration)
+            str(n): workers_reading(args.model_dir, flags, n, WORKER_CONNECTIONS, texts_file, args.duration)
             for n in (1, WORKERS)
         }
-        print("3. server with --max-batch-size 1", flush=True)
-        with local_server(str(args.model_dir), [*server_flags, "--max-batch-size", "1"]) as server:
-            results["no_batching"] = load_sweep(server.target, CONCURRENCY, texts_file, args.duration)
-        # Like the ceiling below: read twice and keep the higher, so the serial limit is never understated.
-        transport_readings.append(measure_transport(runtime.dim, texts_file, args.duration))
-        first, second = transport_readings
+        # Like the raw ceiling: read twice and keep the higher, so the serial limit is never understated.
+        transport_readings.append(measure_transport(trained.runtime.dim, texts_file, args.duration))
         results["transport"] = {
-            kind: [higher(a, b) for a, b in zip(first[kind], second[kind], strict=True)]
+            kind: [higher(a, b) for a, b in zip(*(t[kind] for t in transport_readings), strict=True)]
             for kind in ("single", "batch8")
         }
         results["transport_readings"] = transport_readings
-        minilm_dir = args.minilm_dir or args.model_dir / "minilm"
-        results["minilm"] = measure_minilm(minilm_dir, texts, texts_file, args.duration, args.provider)
-
-    # The machine's speed can drift over the run (shared VM): measure the ceiling again and compare the
-    # server against the higher of the two, so the ratio is never flattered by a slow first reading.
-    again = len(rows) / time_batches(runtime, batches)
-    ceiling["texts_per_second_start"] = ceiling["texts_per_second"]
-    ceiling["texts_per_second_end"] = again
-    ceiling["texts_per_second"] = max(ceiling["texts_per_second"], again)
-    ceiling["flops_per_second"] = ceiling["flops_per_text"] * ceiling["texts_per_second"]
-    print(f"ceiling again after the sweeps: {again:.0f} texts/s", flush=True)
-
-    print("4. padding waste: length-sorted token budget vs FIFO", flush=True)
-    results["padding"] = padding(runtime, rows, policy)
-    print("5. per-batch latency: eager, TorchScript, ONNX Runtime fp32 and int8", flush=True)
-    ids, mask = pad_rows(rows[:32], runtime.pad_id)
-    results["per_batch"] = {
-        "shape": list(ids.shape),
-        "seconds": per_batch_latency(args.model_dir, ids, mask, "cpu", threads),
-    }
-    print("6. matmul peak", flush=True)
+        print(f"3. all-MiniLM-L6-v2 ({minilm_dir}), served unchanged", flush=True)
+        plan = Plan(MINILM_FLAGS, MINILM_CONCURRENCY, (32,), MINILM_PROTOCOL_LOADS, 100)
+        results["minilm"] = measure_model(minilm, plan, texts_file, args.duration, args.provider)
+    results["tokenize_one_ms"] = 1000 * median_seconds(lambda: trained.tokenizer.encode([texts[0]], True), 200)
+    print("4. matmul peak", flush=True)
     results["matmul_peak_flops"] = matmul_peak_flops(threads)
-
     results["machine"] = {
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_name(),
         "cores": threads,
         "python": platform.python_version(),
-        "provider": runtime.provider,
+        "provider": trained.runtime.provider,
     }
-    results["model"] = {
-        "parameters": onnx_parameters(args.model_dir / "model.onnx"),
-        "config": config,
-        "int8_build": manifest.precision.get("int8_build"),
-    }
+    defaults = ServerConfig()
     results["settings"] = {
-        "max_batch_tokens": policy.max_batch_tokens,
-        "default_max_batch_tokens": ServerConfig().max_batch_tokens,
-        "max_batch_size": policy.max_batch_size,
-        "one_thread_batch_tokens": runtime.one_thread_batch_tokens,
-        "max_queue_tokens": policy.max_queue_tokens,
-        "max_delay_ms": ServerConfig().max_delay_ms,
+        "max_batch_tokens": trained.policy.max_batch_tokens,
+        "default_max_batch_tokens": defaults.max_batch_tokens,
+        "max_batch_size": trained.policy.max_batch_size,
+        "one_thread_batch_tokens": trained.runtime.one_thread_batch_tokens,
+        "max_queue_tokens": trained.policy.max_queue_tokens,
+        "max_delay_ms": defaults.max_delay_ms,
         "texts": TRAFFIC_TEXTS,
         "duration_per_level_s": args.duration,
         "protocol_rounds": PROTOCOL_ROUNDS,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -27,26 +26,16 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of a process: its main thread (the event loop) and all others."""
-    tick = os.sysconf("SC_CLK_TCK")
-    main = other = 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        seconds = (int(fields[11]) + int(fields[12])) / tick
-        if int(tid) == pid:
-            main += seconds
-        else:
-            other += seconds
-    return {"main_thread": main, "other_threads": other}
+    threads = psutil.Process(pid).threads()
+    main = sum(t.user_time + t.system_time for t in threads if t.id == pid)
+    return {"main_thread": main, "other_threads": sum(t.user_time + t.system_time for t in threads) - main}
 
 
 class HttpConnection:

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -40,17 +40,11 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    d_model: int
-    d_ff: int
-
-    def flops(self, batch: int, sequence: int) -> float:
-        """Forward FLOPs of one padded batch (2 per multiply-add): projections, feed-forward, attention."""
-        per_token = self.layers * (8 * self.d_model**2 + 4 * self.d_model * self.d_ff)
-        attention = self.layers * 4 * sequence * sequence * self.d_model  # QK^T and weights @ V
-        return batch * (sequence * per_token + attention)
+def forward_flops(config: Mapping[str, Any], batch: int, sequence: int) -> float:
+    """Forward FLOPs of one padded batch (2 per multiply-add): projections, feed-forward, attention."""
+    d, d_ff = config["d_model"], config["d_ff"]
+    per_token = 8 * d**2 + 4 * d * d_ff + 4 * sequence * d  # the last: QK^T and weights @ V
+    return batch * sequence * config["n_layers"] * per_token
 
 
 class BatchRecorder(BatchObserver):
