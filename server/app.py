@@ -343,7 +343,7 @@ class EmbeddingServer:
     def _serve_model(self, loaded: LoadedModel, limits: Limits) -> ServedModel:
         """A loaded model's batcher, pipeline and metrics; its batcher starts at once."""
         info = loaded.info
-        policy = batch_policy(self.config, info.max_batch_tokens, loaded.runtime.batch_cost())
+        policy = batch_policy(self.config, info.max_batch_tokens, loaded.runtime.batch_cost(), info.inline_batch_tokens)
         metrics = self.metrics.for_model(info.name)
         batcher = Batcher(
             OnnxBackend(loaded.runtime),

@@ -21,7 +21,8 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
 
 
 class OnnxBackend:
-    """The served model as the batcher runs it. Called from the batcher's inference thread only."""
+    """The served model as the batcher runs it: on its inference thread, or on the event loop for a short
+    batch with nothing queued behind it (BatchPolicy.inline_batch_tokens)."""
 
     def __init__(self, runtime: OnnxRuntime) -> None:
         self.runtime = runtime

@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -79,11 +79,16 @@ class BatchPolicy:
     max_batch_seconds: float = 0.0
     fixed_batch_seconds: float = 0.0
     seconds_per_token: float = 0.0
+    # A batch of at most this many padded tokens, with nothing else queued, runs on the event loop itself:
+    # for one short text the hop to the inference thread and back (about 70 us on a 2-core VM) is a large
+    # share of its wait, and with nothing queued there is nothing for the loop to overlap. 0 = never.
+    inline_batch_tokens: int = 0
 
     def __post_init__(self) -> None:
         assert self.max_batch_tokens >= 1 and self.max_batch_size >= 1 and self.max_queue_tokens >= 1
         assert self.sort_window >= 1 and self.max_delay >= 0 and 0.0 <= self.max_padding_ratio <= 1.0
         assert self.max_batch_seconds >= 0 and self.fixed_batch_seconds >= 0 and self.seconds_per_token >= 0
+        assert self.inline_batch_tokens >= 0
 
 
 class BatchObserver:
@@ -211,8 +216,10 @@ class Batcher:
 
     def swap_backend(self, backend: Backend) -> Backend:
         """Runs the next batches on ``backend``; returns the one it replaces (tests and fault injection
-        wrap a backend this way: gate it, count its batches, make it fail)."""
+        wrap a backend this way: gate it, count its batches, make it fail). Batches stop running on the event
+        loop: only the backend measured at warm-up is known to be short enough for it."""
         previous, self._backend = self._backend, backend
+        self.policy = replace(self.policy, inline_batch_tokens=0)
         return previous
 
     def start(self) -> None:
@@ -493,7 +500,10 @@ class Batcher:
             self._observer.batch_started(
                 len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch]
             )
-            output = await asyncio.get_running_loop().run_in_executor(self._executor, self._backend, rows)
+            if padded_tokens <= self.policy.inline_batch_tokens and not self._queue:
+                output = self._backend(rows)
+            else:
+                output = await asyncio.get_running_loop().run_in_executor(self._executor, self._backend, rows)
             seconds = self._clock() - started
             self._scatter(batch, output, started, seconds)
         except asyncio.CancelledError:

@@ -131,6 +131,12 @@ class ServerConfig:
         "threads cost more than they save (-1 = the most for which one thread measured no slower at warm-up, "
         "0 = off; CPU only)",
     )
+    inline_batch_ms: float = setting(
+        0.5,
+        "a batch of one text short enough to run within this long (measured at warm-up), when nothing else is "
+        "queued, runs on the event loop instead of the inference thread: at one client the hop there and back "
+        "is a large share of a short text's wait (0 = off)",
+    )
     tokenizer_threads: int = setting(2, "threads tokenizing off the event loop")
     workers: int = setting(1, "server processes sharing the port (SO_REUSEPORT); worker i serves metrics on port + i")
     reuse_port: bool = setting(False, "let several processes bind the port (set for each worker by `--workers`)")
@@ -158,8 +164,8 @@ class ServerConfig:
             problems.append("max_request_bytes must hold at least one largest message (max_message_bytes)")
         if self.http_body_timeout_seconds <= 0 or self.http_header_timeout_seconds <= 0:
             problems.append("http_header_timeout_seconds and http_body_timeout_seconds must be positive")
-        if self.max_batch_seconds < 0 or self.memory_limit_mib < 0:
-            problems.append("max_batch_seconds and memory_limit_mib must not be negative")
+        if self.max_batch_seconds < 0 or self.memory_limit_mib < 0 or self.inline_batch_ms < 0:
+            problems.append("max_batch_seconds, memory_limit_mib and inline_batch_ms must not be negative")
         for origin in self.cors_origins():
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 problems.append(f"http_cors_origins: {origin!r} is not * nor an origin such as https://app.example")

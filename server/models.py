@@ -35,6 +35,7 @@ class ModelInfo:
     precision: str
     version: str
     max_batch_tokens: int  # this model's: --max-batch-tokens, lowered to run within --max-batch-seconds
+    inline_batch_tokens: int  # one text of at most this many tokens runs within --inline-batch-ms
     trained_dimensions: tuple[int, ...]  # lengths built and measured to stand alone (the manifest's matryoshka_dims)
     exported_at: int  # Unix time its manifest.json was written (by the export): OpenAI's model `created`
 
@@ -76,10 +77,11 @@ def batch_token_budget(runtime: OnnxRuntime, config: ServerConfig, max_length: i
 
 
 def batch_policy(
-    config: ServerConfig, max_batch_tokens: int, batch_cost: tuple[float, float] = (0.0, 0.0)
+    config: ServerConfig, max_batch_tokens: int, batch_cost: tuple[float, float] = (0.0, 0.0), inline_tokens: int = 0
 ) -> BatchPolicy:
-    """The batcher's policy for a model whose token budget is max_batch_tokens (batch_token_budget) and
-    whose batches cost batch_cost (OnnxRuntime.batch_cost; (0, 0): the budget does not follow the load)."""
+    """The batcher's policy for a model whose token budget is max_batch_tokens (batch_token_budget), whose
+    batches cost batch_cost (OnnxRuntime.batch_cost; (0, 0): the budget does not follow the load) and whose
+    batches of at most inline_tokens run on the event loop when nothing else is queued."""
     return BatchPolicy(
         max_batch_tokens=max_batch_tokens,
         max_batch_size=config.max_batch_size,
@@ -89,6 +91,7 @@ def batch_policy(
         max_batch_seconds=config.max_batch_seconds,
         fixed_batch_seconds=batch_cost[0],
         seconds_per_token=batch_cost[1],
+        inline_batch_tokens=inline_tokens,
     )
 
 
@@ -106,6 +109,9 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         log.info("%s: batches of at most %d padded tokens run on one thread", manifest.model_id, one_thread)
     max_batch_tokens = batch_token_budget(runtime, config, tokenizer.max_length)
     runtime.warm_up(tokenizer.max_length, max_batch_tokens, config.max_batch_size)
+    inline = runtime.tokens_within_alone(config.inline_batch_ms / 1000, tokenizer.max_length)
+    if inline:
+        log.info("%s: a text of at most %d tokens runs on the event loop when alone", manifest.model_id, inline)
     info = ModelInfo(
         name=name or manifest.model_id,
         model_id=manifest.model_id,
@@ -117,6 +123,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         precision=runtime.precision,
         version=VERSION,
         max_batch_tokens=max_batch_tokens,
+        inline_batch_tokens=inline,
         trained_dimensions=manifest.trained_dimensions,
         exported_at=int((model_dir / MANIFEST_FILE).stat().st_mtime),
     )

@@ -285,6 +285,27 @@ class OnnxRuntime:
 
         return rows_within(seconds, max(1, max_batch_tokens // max_len), time_rows) * max_len
 
+    def tokens_within_alone(self, seconds: float, max_len: int) -> int:
+        """The most padded tokens of one text, 8, 16, 32, ... up to ``max_len``, whose run measured within
+        ``seconds`` (median of ONE_THREAD_RUNS after one that pays for its memory); 0: not even 8."""
+        if seconds <= 0:
+            return 0
+        limit, length = 0, min(8, max_len)
+        while True:
+            ids = np.full((1, length), self.pad_id + 1, dtype=np.int64)
+            mask = np.ones_like(ids)
+            runs = []
+            for _ in range(ONE_THREAD_RUNS + 1):
+                started = time.perf_counter()
+                self.run(ids, mask)
+                runs.append(time.perf_counter() - started)
+            if float(np.median(runs[1:])) > seconds:
+                return limit
+            limit = length
+            if length == max_len:
+                return limit
+            length = min(2 * length, max_len)
+
     def batch_cost(self) -> tuple[float, float]:
         """(fixed seconds, seconds per padded token) of a batch: a line through the batch times
         ``batch_tokens_within`` measured; (0, 0) before any."""

@@ -572,3 +572,31 @@ def test_the_token_budget_shrinks_by_the_slowdown_under_load_and_grows_back() ->
         await batcher.close()
 
     asyncio.run(run())
+
+
+def test_a_short_batch_with_nothing_queued_runs_on_the_event_loop_and_any_other_on_the_inference_thread() -> None:
+    threads: list[tuple[int, str]] = []  # (longest row, thread) per batch
+
+    def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+        threads.append((max(len(r) for r in rows), threading.current_thread().name))
+        return np.zeros((len(rows), 2), dtype=np.float32)
+
+    async def run(inline_batch_tokens: int) -> None:
+        policy = BatchPolicy(max_batch_size=1, max_padding_ratio=1.0, inline_batch_tokens=inline_batch_tokens)
+        batcher = Batcher(backend, policy)
+        batcher.start()
+        await batcher.submit([row(4)])  # alone and short
+        await batcher.submit([row(5)])  # alone, longer than the limit
+        # Two short ones at once: the first batch leaves the second queued behind it.
+        await asyncio.gather(batcher.submit([row(3)]), batcher.submit([row(2)]))
+        batcher.swap_backend(backend)  # another backend: its speed was never measured
+        await batcher.submit([row(1)])
+        await batcher.close()
+
+    loop_thread = threading.current_thread().name
+    asyncio.run(run(inline_batch_tokens=4))
+    on_loop = [length for length, name in threads if name == loop_thread]
+    assert on_loop == [4, 2] and len(threads) == 5 and all(name.startswith("inference") for _, name in threads[1:3])
+    threads.clear()
+    asyncio.run(run(inline_batch_tokens=0))
+    assert len(threads) == 5 and all(name.startswith("inference") for _, name in threads)

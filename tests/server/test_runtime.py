@@ -159,3 +159,12 @@ def test_the_batch_cost_is_a_line_through_the_timed_batches() -> None:
     assert batch_cost_line([(1000, 0.02), (2000, 0.03)])[0] == pytest.approx(0.01)
     assert batch_cost_line([(1000, 0.02), (2000, 0.05)]) == pytest.approx((0.0, 7e-5 / 3))  # no negative fixed part
     assert batch_cost_line([]) == (0.0, 0.0)
+
+
+def test_the_longest_text_that_runs_within_a_time_alone_is_measured_up_to_the_models_length(
+    tiny_artifacts: Path,
+) -> None:
+    runtime = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu"), pad_id=0)
+    assert runtime.tokens_within_alone(10.0, max_len=16) == 16  # 8, then 16: the model's length
+    assert runtime.tokens_within_alone(1e-9, max_len=16) == 0  # not even 8 tokens
+    assert runtime.tokens_within_alone(0.0, max_len=16) == 0  # off
