@@ -287,8 +287,10 @@ class OnnxRuntime:
 
     def tokens_within_alone(self, seconds: float, max_len: int) -> int:
         """The most padded tokens of one text, 8, 16, 32, ... up to ``max_len``, whose run measured within
-        ``seconds`` (median of ONE_THREAD_RUNS after one that pays for its memory); 0: not even 8."""
-        if seconds <= 0:
+        ``seconds`` (median of ONE_THREAD_RUNS after one that pays for its memory); 0: not even 8. Only on
+        the CPU: there a run this short stalls only if the whole machine does, while a GPU call can hang on
+        its driver, and the caller runs these texts on the event loop (decisions/0015)."""
+        if seconds <= 0 or self.provider != CPU:
             return 0
         limit, length = 0, min(8, max_len)
         while True:

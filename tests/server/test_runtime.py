@@ -168,3 +168,5 @@ def test_the_longest_text_that_runs_within_a_time_alone_is_measured_up_to_the_mo
     assert runtime.tokens_within_alone(10.0, max_len=16) == 16  # 8, then 16: the model's length
     assert runtime.tokens_within_alone(1e-9, max_len=16) == 0  # not even 8 tokens
     assert runtime.tokens_within_alone(0.0, max_len=16) == 0  # off
+    runtime.provider = "CUDAExecutionProvider"
+    assert runtime.tokens_within_alone(10.0, max_len=16) == 0  # never on a GPU
