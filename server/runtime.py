@@ -272,41 +272,37 @@ class OnnxRuntime:
         """
 
         def time_rows(rows: int) -> float:
-            ids = np.full((rows, max_len), self.pad_id + 1, dtype=np.int64)
-            feeds = (ids, np.ones_like(ids))
-            self.run(*feeds)
-            runs = []
-            for _ in range(3):
-                started = time.perf_counter()
-                self.run(*feeds)
-                runs.append(time.perf_counter() - started)
-            self.batch_times.append((rows * max_len, float(np.median(runs))))
+            self.batch_times.append((rows * max_len, self._median_run_seconds(rows, max_len, runs=3)))
             return self.batch_times[-1][1]
 
         return rows_within(seconds, max(1, max_batch_tokens // max_len), time_rows) * max_len
 
     def tokens_within_alone(self, seconds: float, max_len: int) -> int:
         """The most padded tokens of one text, 8, 16, 32, ... up to ``max_len``, whose run measured within
-        ``seconds`` (median of ONE_THREAD_RUNS after one that pays for its memory); 0: not even 8. Only on
-        the CPU: there a run this short stalls only if the whole machine does, while a GPU call can hang on
-        its driver, and the caller runs these texts on the event loop (decisions/0015)."""
+        ``seconds`` (median of ONE_THREAD_RUNS); 0: not even 8. Only on the CPU: there a run this short
+        stalls only if the whole machine does, while a GPU call can hang on its driver, and the caller runs
+        these texts on the event loop (decisions/0015)."""
         if seconds <= 0 or self.provider != CPU:
             return 0
-        limit, length = 0, min(8, max_len)
-        while True:
-            ids = np.full((1, length), self.pad_id + 1, dtype=np.int64)
-            mask = np.ones_like(ids)
-            runs = []
-            for _ in range(ONE_THREAD_RUNS + 1):
-                started = time.perf_counter()
-                self.run(ids, mask)
-                runs.append(time.perf_counter() - started)
-            if float(np.median(runs[1:])) > seconds:
-                return limit
+        lengths = [8 << k for k in range(max_len.bit_length()) if 8 << k < max_len] + [max_len]
+        limit = 0
+        for length in lengths:
+            if self._median_run_seconds(1, length, runs=ONE_THREAD_RUNS) > seconds:
+                break
             limit = length
-            if length == max_len:
-                return limit
-            length = min(2 * length, max_len)
+        return limit
+
+    def _median_run_seconds(self, rows: int, length: int, runs: int) -> float:
+        """Median seconds of ``runs`` runs of a (rows, length) batch, after one that pays for its memory."""
+        ids = np.full((rows, length), self.pad_id + 1, dtype=np.int64)
+        mask = np.ones_like(ids)
+        self.run(ids, mask)
+        seconds = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            self.run(ids, mask)
+            seconds.append(time.perf_counter() - started)
+        return float(np.median(seconds))
 
     def batch_cost(self) -> tuple[float, float]:
         """(fixed seconds, seconds per padded token) of a batch: a line through the batch times
