@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -114,19 +115,6 @@ def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
     return WarmModel(folder, manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
 
 
-def single_text_seconds(runtime: OnnxRuntime, rows: list[np.ndarray], n: int) -> list[float]:
-    """Each of the first n texts of the mix alone in ONNX Runtime, one after another (padded beforehand,
-    after one warm-up run): seconds per text."""
-    singles = [pad_rows([r], runtime.pad_id) for r in rows[:n]]
-    runtime.run(*singles[0])
-    seconds = []
-    for ids, mask in singles:
-        started = time.perf_counter()
-        runtime.run(ids, mask)
-        seconds.append(time.perf_counter() - started)
-    return seconds
-
-
 def padding(runtime: OnnxRuntime, rows: list[np.ndarray], policy: BatchPolicy) -> dict[str, dict[str, float]]:
     fifo = replace(policy, length_sorted=False)
     return {
@@ -153,7 +141,8 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
     rows, runtime, batches, policy = w.rows, w.runtime, w.batches, w.policy
     readings = [len(rows) / time_batches(runtime, batches)]
     print(f"  raw ceiling {readings[0]:.0f} texts/s", flush=True)
-    singles = single_text_seconds(runtime, rows, plan.singles)
+    runtime.run(*pad_rows(rows[:1], runtime.pad_id))  # one warm-up run, then each of the first texts alone in turn
+    singles = [median_seconds(partial(runtime.run, *pad_rows([r], runtime.pad_id)), 1, 0) for r in rows[: plan.singles]]
     flags = [*plan.flags, "--provider", provider]
     with local_server(str(w.folder), flags) as server:
         pid = server.process.pid
