@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.run import LocalServer, free_port, local_server, wait_serving
-from server.batcher import Batcher, BatchPolicy
+from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +45,20 @@ def forward_flops(config: Mapping[str, Any], batch: int, sequence: int) -> float
     d, d_ff = config["d_model"], config["d_ff"]
     per_token = 8 * d**2 + 4 * d * d_ff + 4 * sequence * d  # the last: QK^T and weights @ V
     return batch * sequence * config["n_layers"] * per_token
+
+
+class BatchRecorder(BatchObserver):
+    def __init__(self) -> None:
+        self.real = 0
+        self.padded = 0
+
+    def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None:
+        self.real += real_tokens
+        self.padded += padded_tokens
+
+    @property
+    def waste(self) -> float:
+        return (self.padded - self.real) / self.padded
 
 
 def traffic(n: int = TRAFFIC_TEXTS) -> list[str]:
@@ -87,14 +101,10 @@ def time_batches(runtime: OnnxRuntime, batches: list[list[np.ndarray]], repeats:
 
 def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: BatchPolicy, concurrency: int) -> float:
     """Closed-loop traffic through the real batcher and ONNX Runtime: padded share of computed tokens."""
-    tokens = Counter[str]()
+    recorder = BatchRecorder()
 
-    def run(batch: Sequence[np.ndarray]) -> np.ndarray:
-        tokens.update(real=sum(len(r) for r in batch), padded=len(batch) * max(len(r) for r in batch))
-        return runtime.run_rows(batch)
-
-    async def serve() -> None:
-        batcher = Batcher(run, policy)
+    async def run() -> None:
+        batcher = Batcher(runtime.run_rows, policy, observer=recorder)
         batcher.start()
         queue = list(rows)
 
@@ -105,8 +115,8 @@ def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: Batc
         await asyncio.gather(*(client() for _ in range(concurrency)))
         await batcher.close()
 
-    asyncio.run(serve())
-    return (tokens["padded"] - tokens["real"]) / tokens["padded"]
+    asyncio.run(run())
+    return recorder.waste
 
 
 def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ignore[no-untyped-def]
