@@ -1,6 +1,7 @@
 """A light asyncio load generator for gRPC or HTTP, run as its own process by the benchmark.
 
-    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json [--protocol http]
+    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json \
+        [--protocol http] [--model NAME]
 
 HTTP: each worker holds one keep-alive HTTP/1.1 connection and posts OpenAI's request to
 /v1/embeddings with encoding_format base64 (what the openai package sends), over plain asyncio streams
@@ -73,6 +74,7 @@ async def run(
     protocol: str = "grpc",
     raw_latencies: bool = False,
     grpc_connections: int = 1,
+    model: str = "",
 ) -> dict[str, object]:
     # Channels to one target share one connection unless each keeps its own subchannel pool.
     options = [("grpc.use_local_subchannel_pool", 1)] if grpc_connections > 1 else []
@@ -83,6 +85,7 @@ async def run(
     error_kinds: dict[str, int] = {}  # gRPC status name, or the exception's type for HTTP
     measuring = False
     stop = False
+    named = {"model": model} if model else {}  # HTTP: the default model's requests stay as the benchmark sends them
 
     async def worker(seed: int) -> None:
         nonlocal errors
@@ -93,12 +96,12 @@ async def run(
             start = time.perf_counter()
             try:
                 if http is not None:
-                    body = json.dumps({"input": sample, "encoding_format": "base64"}).encode()
+                    body = json.dumps({"input": sample, "encoding_format": "base64", **named}).encode()
                     if await http.post(body) != 200:
                         raise OSError("not 200")
                 else:
                     stub = stubs[seed % len(stubs)]
-                    await stub.Embed(embedding_pb2.EmbedRequest(inputs=sample, truncate=True), timeout=30)
+                    await stub.Embed(embedding_pb2.EmbedRequest(inputs=sample, truncate=True, model=model), timeout=30)
                 if measuring:
                     latencies.append(time.perf_counter() - start)
             except (grpc.aio.AioRpcError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
@@ -156,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--grpc-connections", type=int, default=1, help="gRPC: spread the clients over this many connections"
     )
+    parser.add_argument("--model", default="", help="the served model's name (default: the server's default model)")
     args = vars(parser.parse_args(argv))
     args["texts"] = json.loads(Path(args["texts"]).read_text())
     json.dump(asyncio.run(run(**args)), sys.stdout)

@@ -75,6 +75,16 @@ def test_load_generator_reports_throughput_and_latency(served: ServerThread, tmp
     assert result["texts_per_second"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
 
 
+def test_load_generator_sends_to_the_model_named(served: ServerThread, tmp_path: Path) -> None:
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps(["a short text"]))
+    name = served.server.state.resolve("").name
+    named = run_loadgen(served.target, texts, "--concurrency", "2", "--duration", "0.5", "--model", name)
+    assert named["errors"] == 0 and named["requests"] > 0
+    unknown = run_loadgen(served.target, texts, "--concurrency", "2", "--duration", "0.5", "--model", "no-such-model")
+    assert unknown["requests"] == 0 and set(unknown["error_kinds"]) == {"INVALID_ARGUMENT"}
+
+
 def test_load_generator_spreads_grpc_clients_over_the_connections_asked(
     served: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
