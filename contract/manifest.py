@@ -26,7 +26,7 @@ class ManifestError(ValueError):
 @dataclass(frozen=True)
 class Manifest:
     model_id: str  # the name a model is served under unless given one (`--model NAME=DIR`)
-    model_version: str  # changes whenever the weights do
+    model_version: str  # a digest of the config and weights: the same weights, the same version
     config: Mapping[str, Any]  # the encoder's configuration (model/transformer.py EncoderConfig)
     dim: int  # embedding width: the output's second axis
     max_length: int  # tokens per input, special tokens included

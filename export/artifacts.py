@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 from contract.manifest import MODEL_FILES, TOKENIZER_FILE, Manifest
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
@@ -39,6 +42,18 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weights_digest(model: torch.nn.Module, config: dict[str, object]) -> str:
+    """sha256 of the model's config and weights (names, dtypes, shapes, values) and nothing else, so two
+    builds of the same weights get the same version wherever and whenever they were made (the checkpoint
+    file also holds the training summary: timings, the source's path)."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        values = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{values.dtype}|{tuple(values.shape)}|".encode())
+        digest.update(values.flatten().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def export_all(
     model_dir: Path | str, model_id: str = MODEL_ID, source: str = "trained here (make train)"
 ) -> tuple[Manifest, ParityReport]:
@@ -68,11 +83,10 @@ def export_all(
     triton = write_triton_repository(model_dir, model_id.rsplit("/", 1)[-1])  # a folder name: no owner/
 
     files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
-    checkpoint_sha = sha256(model_dir / CHECKPOINT)
     manifest = Manifest(
         model_id=model_id,
         source=source,
-        model_version=checkpoint_sha[:12],  # changes whenever the weights do
+        model_version=weights_digest(model, model.config.to_dict())[:12],  # changes when, and only when, the weights do
         config=model.config.to_dict(),
         dim=model.config.d_model,
         max_length=model.config.max_len,
