@@ -19,6 +19,7 @@ from export.triton import write_triton_repository
 from export.verify import ParityReport, precision_report, verify_artifacts
 from model.checkpoint import CHECKPOINT, load_checkpoint
 from model.tokenizer import load_tokenizer
+from model.transformer import Encoder
 
 ONNX_FILE = MODEL_FILES["fp32"]
 TORCHSCRIPT_FILE = "model.torchscript.pt"
@@ -42,11 +43,11 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def weights_digest(model: torch.nn.Module, config: dict[str, object]) -> str:
+def weights_digest(model: Encoder) -> str:
     """sha256 of the model's config and weights (names, dtypes, shapes, values) and nothing else, so two
     builds of the same weights get the same version wherever and whenever they were made (the checkpoint
     file also holds the training summary: timings, the source's path)."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True).encode())
     for name, tensor in sorted(model.state_dict().items()):
         values = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{values.dtype}|{tuple(values.shape)}|".encode())
@@ -86,7 +87,7 @@ def export_all(
     manifest = Manifest(
         model_id=model_id,
         source=source,
-        model_version=weights_digest(model, model.config.to_dict())[:12],  # changes when, and only when, the weights do
+        model_version=weights_digest(model)[:12],  # changes when, and only when, the config or weights do
         config=model.config.to_dict(),
         dim=model.config.d_model,
         max_length=model.config.max_len,

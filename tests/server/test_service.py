@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -112,49 +113,45 @@ def test_message_size_is_bounded(tiny_artifacts) -> None:
         server.stop()
 
 
-def test_busy_mixed_length_batches_give_the_same_embeddings_as_alone(tiny_artifacts, reference) -> None:
-    texts = [" ".join(SENTENCES[: 1 + i % len(SENTENCES)])[: 10 + 7 * i] for i in range(60)]
-    # The tiny model answers a text faster than the next request arrives, and a short batch with nothing
-    # queued runs at once on the event loop: left at once, the 60 requests were often served one by one
-    # (no batch to test). Batches here wait up to 50 ms to fill.
+@pytest.fixture
+def filling(tiny_artifacts) -> Iterator[ServerThread]:
+    """A server whose batches wait up to 50 ms to fill. The tiny model answers a text faster than the next
+    request arrives, and a short batch with nothing queued runs at once on the event loop: left at once,
+    a burst of concurrent requests was at times served one by one, leaving no batch to test."""
     served = ServerThread(server_config(tiny_artifacts, max_delay_ms=50.0))
+    yield served
+    served.stop()
+
+
+def test_busy_mixed_length_batches_give_the_same_embeddings_as_alone(filling: ServerThread, reference) -> None:
+    texts = [" ".join(SENTENCES[: 1 + i % len(SENTENCES)])[: 10 + 7 * i] for i in range(60)]
 
     async def run() -> list[np.ndarray]:
-        async with AsyncEmbeddingClient(served.target) as client:
+        async with AsyncEmbeddingClient(filling.target) as client:
             results = await asyncio.gather(*(client.embed([t], truncate=True) for t in texts))
         return [np.array(r.embeddings[0], dtype=np.float32) for r in results]
 
-    try:
-        got = asyncio.run(run())
-        for text, vector in zip(texts, got, strict=True):
-            np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
-        assert counter(served.server.metrics.batches) < len(texts)  # really batched
-    finally:
-        served.stop()
+    got = asyncio.run(run())
+    for text, vector in zip(texts, got, strict=True):
+        np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
+    assert counter(filling.server.metrics.batches) < len(texts)  # really batched
 
 
-def test_200_concurrent_clients_each_get_their_own_result(tiny_artifacts, reference) -> None:
+def test_200_concurrent_clients_each_get_their_own_result(filling: ServerThread, reference) -> None:
     texts = [f"client {i} asks about {SENTENCES[i % len(SENTENCES)]}" for i in range(200)]
-    # Each client opens its own channel, so the requests arrive spread over the channels' set-up, and the
-    # tiny model answers a lone short text on the event loop at once: left at once, all 200 were once
-    # served one by one (no batch to test). Batches here wait up to 50 ms to fill, as in the test above.
-    served = ServerThread(server_config(tiny_artifacts, max_delay_ms=50.0))
 
     async def one(text: str) -> np.ndarray:
-        async with AsyncEmbeddingClient(served.target) as client:  # each its own channel
+        async with AsyncEmbeddingClient(filling.target) as client:  # each its own channel
             result = await client.embed([text], truncate=True)
         return np.array(result.embeddings[0], dtype=np.float32)
 
     async def run() -> list[np.ndarray]:
         return await asyncio.gather(*(one(t) for t in texts))
 
-    try:
-        got = asyncio.run(run())
-        for text, vector in zip(texts, got, strict=True):
-            np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
-        assert counter(served.server.metrics.batches) < len(texts)  # they were batched together, not one by one
-    finally:
-        served.stop()
+    got = asyncio.run(run())
+    for text, vector in zip(texts, got, strict=True):
+        np.testing.assert_allclose(vector, unit(reference(text)), atol=1e-5)
+    assert counter(filling.server.metrics.batches) < len(texts)  # they were batched together, not one by one
 
 
 def test_stream_answers_in_order(served: ServerThread, reference) -> None:
