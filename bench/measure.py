@@ -31,13 +31,9 @@ SETTLE_SECONDS = 0.3  # idle before each timed block (see interleaved_medians)
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown"
 
 
 def forward_flops(config: Mapping[str, Any], batch: int, sequence: int) -> float:
@@ -131,13 +127,9 @@ def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ig
 
 
 def interleaved_medians(backends: dict[str, Callable[[], object]], rounds: int = 8) -> dict[str, float]:
-    """Median seconds per call of each backend, measured in interleaved rounds.
-
-    On a shared machine whose speed drifts, every backend sees the same drift. Before each block the
-    process idles briefly, so thread pools that busy-wait after their work (OpenMP's in PyTorch, ONNX
-    Runtime's) are asleep before the next backend needs the cores; without it the eager figure swung
-    between 26 and 43 ms from one run to the next.
-    """
+    """Median seconds per call of each backend, in interleaved rounds, so that every backend sees the machine's
+    drift. Each block starts after an idle pause, so that the thread pools that busy-wait after their work (OpenMP's,
+    ONNX Runtime's) are asleep before the next backend needs the cores: without it eager PyTorch read 26 to 43 ms."""
     samples: dict[str, list[float]] = {name: [] for name in backends}
     for _ in range(rounds):
         for name, fn in backends.items():

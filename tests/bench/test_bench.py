@@ -340,3 +340,16 @@ def test_the_soak_cycles_request_sizes_and_samples_the_servers_memory(served: Se
     samples = drive(served.target, os.getpid(), 1.0, 4, texts, window=0.3)
     assert [s["texts_per_request"] for s in samples[:3]] == list(SIZES)
     assert all(s["requests_per_second"] > 0 and s["errors"] == 0 and s["rss_mib"] > 10 for s in samples)
+
+
+def test_the_gpu_check_report_renders_from_its_results_alone(tmp_path: Path) -> None:
+    from bench.gpu_check import write_markdown
+
+    report = json.loads((ROOT / "docs" / "gpu" / "gpu-check.json").read_text())
+    write_markdown(report, tmp_path / "full.md")
+    text = (tmp_path / "full.md").read_text()
+    assert report["command"] in text and report["gpu"] in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 2 + len(report["parity"]) + len(report["scaling"])  # two headers, then a row each
+    write_markdown({k: v for k, v in report.items() if k != "scaling"}, tmp_path / "parity.md")
+    assert "Not run: `--steps` left out `scaling`." in (tmp_path / "parity.md").read_text()
