@@ -368,8 +368,9 @@ class HttpApi:
             inputs = parse_input(body.get("input"))
             try:
                 check_count(len(inputs), model.pipeline.limits)  # before tokenizing: texts and token ids alike
-            except TooManyInputs as e:  # OpenAI's field is `input`
-                message = f"'input' holds {e.count} items, more than max_client_batch_size={e.most}; split it"
+            except TooManyInputs as e:  # OpenAI's field is `input`; its clients split lists by a size they are given
+                message = (f"'input' holds {e.count} items, more than max_client_batch_size={e.most}; send at most "
+                           f"{e.most} a request (LangChain's chunk_size, LlamaIndex's embed_batch_size)")  # fmt: skip
                 raise ParamError(message, "input") from None
             encoding = _field(body, "encoding_format", str, "float")
             if encoding not in ENCODING_FORMATS:

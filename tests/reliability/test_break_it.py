@@ -31,7 +31,8 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 def test_overload_is_refused_admitted_work_is_correct_and_memory_bounded(tiny_artifacts, reference) -> None:
     texts = [f"overload text number {i} about the river, the lungs and the quiet cat" for i in range(16)]
-    with local_server(str(tiny_artifacts), ["--max-queue-tokens", "1500"]) as server:
+    # The server's INFO log (captured, shown on failure) says how far its drain got if it does not exit 0.
+    with local_server(str(tiny_artifacts), ["--max-queue-tokens", "1500", "--log-level", "INFO"]) as server:
         target, process = server.target, server.process
 
         async def offer(clients: int, rounds: int) -> list[tuple[grpc.StatusCode, float, object]]:

@@ -165,6 +165,14 @@ def test_an_input_of_the_wrong_kind_is_told_what_it_sent(served_http: ServerThre
     assert error["param"] == "input" and error["message"].endswith(f"token ids; it is {said}"), error
 
 
+def test_too_many_inputs_names_the_limit_and_the_client_settings_that_set_it(served_http: ServerThread) -> None:
+    error = post(served_http, {"input": ["x"] * 9}).json()["error"]
+    assert error["message"] == (
+        "'input' holds 9 items, more than max_client_batch_size=8; send at most 8 a request "
+        "(LangChain's chunk_size, LlamaIndex's embed_batch_size)"
+    )
+
+
 def test_a_field_of_the_wrong_kind_is_named_in_json_terms(served_http: ServerThread) -> None:
     error = post(served_http, {"input": "ok", "dimensions": "8"}).json()["error"]
     assert (error["message"], error["param"]) == ("'dimensions' must be an integer; it is a string", "dimensions")
