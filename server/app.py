@@ -108,6 +108,7 @@ class EmbeddingServer:
             config.http_body_timeout_seconds,
             config.auto_truncate,
             config.cors_origins(),
+            config.http_max_inputs,
         )
         self.http_server: uvicorn.Server | None = None
         self._http_socket: socket.socket | None = None

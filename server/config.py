@@ -39,6 +39,11 @@ class ServerConfig:
     auto_truncate: bool = setting(
         True, "HTTP: inputs over the model's max length are cut unless the request says `truncate: false`"
     )
+    http_max_inputs: int = setting(
+        2048,
+        "inputs per `/v1/embeddings` request (OpenAI's limit); more than max_client_batch_size are embedded in "
+        "parts of that size, one after another",
+    )
     http_cors_origins: str = setting(
         "",
         "browser origins allowed to call the HTTP API (CORS): comma-separated `scheme://host[:port]`, or `*` for "
@@ -162,6 +167,8 @@ class ServerConfig:
             problems.append("max_concurrent_rpcs must be at least 1")
         if self.max_request_bytes and self.max_request_bytes < self.max_message_bytes:
             problems.append("max_request_bytes must hold at least one largest message (max_message_bytes)")
+        if self.http_max_inputs < 1:
+            problems.append("http_max_inputs must be at least 1")
         if self.http_body_timeout_seconds <= 0 or self.http_header_timeout_seconds <= 0:
             problems.append("http_header_timeout_seconds and http_body_timeout_seconds must be positive")
         if self.max_batch_seconds < 0 or self.memory_limit_mib < 0 or self.inline_batch_ms < 0:

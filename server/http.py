@@ -39,14 +39,13 @@ from server.errors import (
     InvalidInput,
     NotReady,
     Overloaded,
-    TooManyInputs,
     Unauthenticated,
     UnknownModel,
     nearest_entry,
 )
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
-from server.pipeline import Tokenized, check_count
+from server.pipeline import Tokenized, validate
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +216,7 @@ class HttpApi:
         body_timeout: float = 10.0,
         auto_truncate: bool = True,
         cors_origins: Sequence[str] = (),
+        max_inputs: int = 2048,
     ) -> None:
         self.state = state
         self.metrics = metrics
@@ -226,6 +226,7 @@ class HttpApi:
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.auto_truncate = auto_truncate
+        self.max_inputs = max_inputs  # per /v1/embeddings request; beyond the pipeline's own limit, in parts
         self._cors_any = "*" in cors_origins
         self._cors_origins = frozenset(origin.encode() for origin in cors_origins)
         self._routes: dict[tuple[str, str], Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]] = {
@@ -362,16 +363,15 @@ class HttpApi:
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         body, tickets = await self._read_json(scope, receive, client)
+        whole = True  # the request fits the pipeline's limit: its body's places go once it is tokenized
         try:
             model = self.state.resolve(_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
             inputs = parse_input(body.get("input"))
-            try:
-                check_count(len(inputs), model.pipeline.limits)  # before tokenizing: texts and token ids alike
-            except TooManyInputs as e:  # OpenAI's field is `input`; its clients split lists by a size they are given
-                message = (f"'input' holds {e.count} items, more than max_client_batch_size={e.most}; send at most "
-                           f"{e.most} a request (LangChain's chunk_size, LlamaIndex's embed_batch_size)")  # fmt: skip
-                raise ParamError(message, "input") from None
+            if len(inputs) > self.max_inputs:  # OpenAI's field is `input`; its clients split lists by a size
+                most = self.max_inputs
+                raise ParamError(f"'input' holds {len(inputs)} items, more than {most}; send at most {most} a request "
+                                 "(LangChain's chunk_size, LlamaIndex's embed_batch_size)", "input")  # fmt: skip
             encoding = _field(body, "encoding_format", str, "float")
             if encoding not in ENCODING_FORMATS:
                 raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
@@ -385,24 +385,32 @@ class HttpApi:
             truncate = _field(body, "truncate", bool, self.auto_truncate)
             _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it
             pipeline = model.pipeline
-            if isinstance(inputs[0], str):
+            part = pipeline.limits.max_client_batch_size
+            if len(inputs) > part:
+                whole = False
+                # Every input is checked before any is computed; the parts run one after another, each a
+                # request of the pipeline's size, while this one keeps its body's places (its memory is that
+                # of a call reading a body) until the last part is answered.
                 try:
-                    tokenized = await pipeline.tokenize(inputs, truncate, client)  # type: ignore[arg-type]
-                except BadInput as e:  # OpenAI's field is `input`
-                    raise ParamError(f"input[{e.index}] {e.problem}", "input") from None
+                    embedded = await self._in_parts(inputs, model, truncate, normalize, dimensions, client, receive)
+                finally:
+                    for ticket in tickets:
+                        ticket.release()
             else:
-                tokenized = Tokenized(token_rows(inputs, model), [], 0.0)  # type: ignore[arg-type]
+                tokenized = await self._tokenized(inputs, model, truncate, client)
         finally:
             del body
-            for ticket in tickets:
-                ticket.release()  # only the token rows wait for the batch
-        result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
-        rows = np.ascontiguousarray(result.embeddings, dtype="<f4")
+            if whole:
+                for ticket in tickets:
+                    ticket.release()  # only the token rows wait for the batch
+        if whole:
+            result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
+            embedded = (result.embeddings, sum(result.token_counts))
+        rows, tokens = np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1]
         if encoding == "base64":
             embeddings: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
         else:
             embeddings = list(rows)
-        tokens = sum(result.token_counts)
         response = {
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(embeddings)],
@@ -410,6 +418,55 @@ class HttpApi:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
         return 200, orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def _tokenized(
+        self, inputs: list[Any], model: ServedModel, truncate: bool, client: str, first: int = 0
+    ) -> Tokenized:
+        """Texts tokenized, or token id rows checked, as one request of the pipeline's size; ``first`` is the
+        index of ``inputs[0]`` in the request, for the messages."""
+        if not isinstance(inputs[0], str):
+            return Tokenized(token_rows(inputs, model), [], 0.0)
+        try:
+            return await model.pipeline.tokenize(inputs, truncate, client)
+        except BadInput as e:  # OpenAI's field is `input`
+            raise ParamError(f"input[{first + e.index}] {e.problem}", "input") from None
+
+    async def _in_parts(
+        self,
+        inputs: list[Any],
+        model: ServedModel,
+        truncate: bool,
+        normalize: bool,
+        dimensions: int | None,
+        client: str,
+        receive: Any,
+    ) -> tuple[np.ndarray, int]:
+        """A request over the pipeline's limit, as consecutive requests of that size: the same queue, fairness
+        and refusals as separate requests, one part in the queue at a time. A client that goes away stops it."""
+        pipeline = model.pipeline
+        part = pipeline.limits.max_client_batch_size
+        starts = range(0, len(inputs), part)
+        if isinstance(inputs[0], str):
+            for start in starts:  # cheap checks of every input first, so that a bad one costs no computing
+                try:
+                    validate(inputs[start : start + part], pipeline.limits)
+                except BadInput as e:
+                    raise ParamError(f"input[{start + e.index}] {e.problem}", "input") from None
+        else:
+            token_rows(inputs, model)
+        gone = asyncio.ensure_future(receive())  # completes when the client disconnects
+        try:
+            embeddings, tokens = [], 0
+            for start in starts:
+                if gone.done():
+                    raise Cancelled("the client went away")
+                tokenized = await self._tokenized(inputs[start : start + part], model, truncate, client, start)
+                result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
+                embeddings.append(result.embeddings)
+                tokens += sum(result.token_counts)
+            return np.concatenate(embeddings), tokens
+        finally:
+            gone.cancel()
 
     # ---- reading a request ------------------------------------------------------------------
     def _authorize(self, scope: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ import openai
 import pytest
 
 from server.http import openapi_document
-from tests.conftest import ServerThread, eventually, request, server_config
+from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, server_config
 
 TOKEN = "s3cret-http"
 SCHEMAS = openapi_document()
@@ -34,7 +35,7 @@ def conforms(body: dict, name: str) -> None:  # type: ignore[type-arg]
 
 @pytest.fixture(scope="module")
 def served_http(tiny_artifacts: Path) -> Iterator[ServerThread]:
-    server = ServerThread(server_config(tiny_artifacts, auth_token=TOKEN, max_client_batch_size=8))
+    server = ServerThread(server_config(tiny_artifacts, auth_token=TOKEN, max_client_batch_size=8, http_max_inputs=20))
     yield server
     server.stop()
 
@@ -137,8 +138,8 @@ def test_dimensions_keep_the_first_components_renormalised(served_http: ServerTh
         ({"input": [[10**9]]}, 400, "input"),
         ({"input": "ok", "encoding_format": "int8"}, 400, "encoding_format"),
         ({"input": "ok", "model": 7}, 400, "model"),
-        ({"input": ["x"] * 9}, 400, "input"),
-        ({"input": [[2, 3]] * 9}, 400, "input"),
+        ({"input": ["x"] * 21}, 400, "input"),
+        ({"input": [[2, 3]] * 21}, 400, "input"),
         ({"input": ["ok", ""]}, 400, "input"),
         ({"input": "ok " * 200, "truncate": False}, 400, "input"),
         ({"input": "ok", "model": "no-such-model"}, 404, None),
@@ -166,11 +167,81 @@ def test_an_input_of_the_wrong_kind_is_told_what_it_sent(served_http: ServerThre
 
 
 def test_too_many_inputs_names_the_limit_and_the_client_settings_that_set_it(served_http: ServerThread) -> None:
-    error = post(served_http, {"input": ["x"] * 9}).json()["error"]
+    error = post(served_http, {"input": ["x"] * 21}).json()["error"]
     assert error["message"] == (
-        "'input' holds 9 items, more than max_client_batch_size=8; send at most 8 a request "
+        "'input' holds 21 items, more than 20; send at most 20 a request "
         "(LangChain's chunk_size, LlamaIndex's embed_batch_size)"
     )
+
+
+@pytest.fixture
+def in_parts(tiny_artifacts: Path) -> Iterator[ServerThread]:
+    """A server whose pipeline takes 4 inputs a request, and /v1/embeddings up to 20."""
+    server = ServerThread(server_config(tiny_artifacts, max_client_batch_size=4, http_max_inputs=20))
+    yield server
+    server.stop()
+
+
+PART_TEXTS = [f"text {i} about {'rivers and the quiet lungs of a cat ' * (i % 3)}".strip() for i in range(11)]
+
+
+def test_a_request_over_the_pipelines_limit_is_embedded_in_parts_in_order(in_parts: ServerThread) -> None:
+    """11 inputs where the pipeline takes 4: three requests of 4, 4 and 3, one after another, each input's
+    embedding the one it gets alone; texts and token ids alike."""
+    gate = GatedBackend(in_parts.server)
+    gate.release()
+    answer = post(in_parts, {"input": PART_TEXTS, "encoding_format": "float"}, token="")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [d["index"] for d in body["data"]] == list(range(11))
+    got = np.array([d["embedding"] for d in body["data"]])
+    alone = np.array([post(in_parts, {"input": t}, token="").json()["data"][0]["embedding"] for t in PART_TEXTS])
+    np.testing.assert_allclose(got, alone, atol=1e-5)
+    del gate.batch_sizes[:]
+    assert post(in_parts, {"input": ["a river"] * 11}, token="").status_code == 200
+    assert gate.batch_sizes == [4, 4, 3]  # one part in the queue at a time: all 11 alike would fit one batch
+    rows = post(in_parts, {"inputs": PART_TEXTS[:4]}, token="", path="/tokenize").json()
+    ids = [[token["id"] for token in row] for row in rows] * 3  # 12 rows of token ids: three parts of 4
+    by_ids = post(in_parts, {"input": ids, "encoding_format": "float"}, token="").json()
+    np.testing.assert_allclose(np.array([d["embedding"] for d in by_ids["data"]]), np.tile(got[:4], (3, 1)), atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 11 * 2
+
+
+def test_a_request_in_parts_holds_its_bodys_place_until_its_last_part_is_answered(in_parts: ServerThread) -> None:
+    admission = in_parts.server.admission
+    gate = GatedBackend(in_parts.server)
+    with httpx.Client(timeout=20) as http, ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(http.post, base_url(in_parts) + "/v1/embeddings", json={"input": PART_TEXTS})
+        eventually(lambda: gate.held == 1, 10, "the first part at the backend")
+        assert admission.calls == 1 and admission.held_bytes > 0  # held while its parts run
+        gate.release()
+        assert pending.result(20).status_code == 200
+    assert admission.calls == 0 and admission.held_bytes == 0
+
+
+def test_a_client_that_goes_away_stops_its_request_between_parts(in_parts: ServerThread) -> None:
+    gate = GatedBackend(in_parts.server)
+    body = json.dumps({"input": ["a river"] * 11}).encode()
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    with socket.create_connection(("127.0.0.1", in_parts.server.http_port)) as sock:
+        sock.sendall(f"{head}\r\n\r\n".encode() + body)
+        eventually(lambda: gate.held == 1, 10, "the first part at the backend")
+    gate.release()  # the client has gone: the first part finishes, the next two never start
+    requests = in_parts.server.metrics.requests
+    eventually(lambda: counter(requests, "POST /v1/embeddings", "499") == 1, 10, "the request answered 499")
+    assert gate.batch_sizes == [4] and in_parts.server.admission.calls == 0
+
+
+def test_a_bad_input_in_a_later_part_is_named_by_its_index_before_anything_is_computed(in_parts: ServerThread) -> None:
+    gate = GatedBackend(in_parts.server)
+    gate.release()
+    texts = [*PART_TEXTS[:9], " ", PART_TEXTS[10]]
+    error = post(in_parts, {"input": texts}, token="").json()["error"]
+    assert (error["param"], error["message"]) == ("input", "input[9] is empty or only whitespace")
+    assert gate.batch_sizes == []  # no part was computed
+    too_long = [*PART_TEXTS[:9], "word " * 400, "x"]
+    error = post(in_parts, {"input": too_long, "truncate": False}, token="").json()["error"]
+    assert error["message"].startswith("input[9] has "), error
 
 
 def test_a_field_of_the_wrong_kind_is_named_in_json_terms(served_http: ServerThread) -> None:
