@@ -189,6 +189,13 @@ def _what(item: Any) -> str:
     return json_kind(item)
 
 
+def _went_away(watch: asyncio.Future[Any]) -> bool:
+    """Whether a ``receive()`` awaited after the whole body has answered that the client disconnected."""
+    if not watch.done() or watch.cancelled() or watch.exception() is not None:
+        return False
+    return bool(watch.result().get("type") == "http.disconnect")
+
+
 def token_rows(rows: list[list[int]], model: ServedModel) -> list[np.ndarray]:
     """Token id rows as the model's tokenizer makes them (special tokens included), checked against it."""
     info = model.info
@@ -458,7 +465,7 @@ class HttpApi:
         try:
             embeddings, tokens = [], 0
             for start in starts:
-                if gone.done():
+                if _went_away(gone):
                     raise Cancelled("the client went away")
                 tokenized = await self._tokenized(inputs[start : start + part], model, truncate, client, start)
                 result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
