@@ -370,7 +370,7 @@ class HttpApi:
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         body, tickets = await self._read_json(scope, receive, client)
-        whole = True  # the request fits the pipeline's limit: its body's places go once it is tokenized
+        embedded: tuple[np.ndarray, int] | None = None  # (embeddings, tokens) of a request run in parts
         try:
             model = self.state.resolve(_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
@@ -392,25 +392,17 @@ class HttpApi:
             truncate = _field(body, "truncate", bool, self.auto_truncate)
             _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it
             pipeline = model.pipeline
-            part = pipeline.limits.max_client_batch_size
-            if len(inputs) > part:
-                whole = False
-                # Every input is checked before any is computed; the parts run one after another, each a
-                # request of the pipeline's size, while this one keeps its body's places (its memory is that
-                # of a call reading a body) until the last part is answered.
-                try:
-                    embedded = await self._in_parts(inputs, model, truncate, normalize, dimensions, client, receive)
-                finally:
-                    for ticket in tickets:
-                        ticket.release()
+            if len(inputs) > pipeline.limits.max_client_batch_size:
+                # Within this block its body's places stay held (its memory is that of a call reading a
+                # body) until the last part is answered.
+                embedded = await self._in_parts(inputs, model, truncate, normalize, dimensions, client, receive)
             else:
                 tokenized = await self._tokenized(inputs, model, truncate, client)
         finally:
             del body
-            if whole:
-                for ticket in tickets:
-                    ticket.release()  # only the token rows wait for the batch
-        if whole:
+            for ticket in tickets:
+                ticket.release()  # a request of the pipeline's size: only its token rows wait for the batch
+        if embedded is None:
             result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
             embedded = (result.embeddings, sum(result.token_counts))
         rows, tokens = np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1]
