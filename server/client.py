@@ -62,6 +62,23 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
     )
 
 
+def joined(results: Sequence[EmbedResult], starts: Sequence[int]) -> EmbedResult:
+    """The results of consecutive parts of one list (part i from ``starts[i]``) as the list's one result."""
+    return EmbedResult(
+        embeddings=[e for r in results for e in r.embeddings],
+        token_counts=[c for r in results for c in r.token_counts],
+        truncated_inputs=[start + i for r, start in zip(results, starts, strict=True) for i in r.truncated_inputs],
+        timings={name: sum(r.timings[name] for r in results) for name in results[0].timings},  # one after another
+        model=results[0].model,
+        dimensions_trained=results[0].dimensions_trained,
+    )
+
+
+def part_starts(count: int, most: int) -> range:
+    """Where each request of at most ``most`` inputs starts in a list of ``count`` (one request when it fits)."""
+    return range(0, max(count, 1), max(most, 1) if count > most else max(count, 1))
+
+
 def plain(message: Any) -> dict[str, object]:
     """Every field of a message, defaults included, as plain Python values: JSON-ready. (json_format's
     MessageToDict would turn the uint64 byte counts into strings.)"""
@@ -116,6 +133,7 @@ class EmbeddingClient:
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
         self.metadata = security.metadata()
+        self._max_inputs: int | None = None  # the server's inputs per request, once asked
 
     def embed(
         self,
@@ -125,8 +143,22 @@ class EmbeddingClient:
         model: str = "",
         dimensions: int | None = None,
     ) -> EmbedResult:
-        request = make_request(texts, truncate, normalize, model, dimensions)
-        return from_response(self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
+        """Any number of texts: a list longer than the server takes in one request (its Info's
+        ``max_client_batch_size``, asked once) goes as consecutive requests of that size."""
+        texts = list(texts)
+        starts = part_starts(len(texts), self._most_inputs(len(texts)))
+        size = starts.step
+        results = [
+            from_response(self.stub.Embed(make_request(texts[start : start + size], truncate, normalize, model,
+                                                       dimensions), timeout=self.timeout, metadata=self.metadata))
+            for start in starts
+        ]  # fmt: skip
+        return results[0] if len(results) == 1 else joined(results, starts)
+
+    def _most_inputs(self, count: int) -> int:
+        if count > 1 and self._max_inputs is None:  # a single text never needs to know
+            self._max_inputs = int(self.info()["max_client_batch_size"])  # type: ignore[call-overload]
+        return self._max_inputs or count
 
     def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)
@@ -157,6 +189,7 @@ class AsyncEmbeddingClient:
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
         self.metadata = security.metadata()
+        self._max_inputs: int | None = None  # the server's inputs per request, once asked
 
     async def embed(
         self,
@@ -166,8 +199,17 @@ class AsyncEmbeddingClient:
         model: str = "",
         dimensions: int | None = None,
     ) -> EmbedResult:
-        request = make_request(texts, truncate, normalize, model, dimensions)
-        return from_response(await self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata))
+        """As ``EmbeddingClient.embed``: a long list goes as consecutive requests of the server's size."""
+        texts = list(texts)
+        if len(texts) > 1 and self._max_inputs is None:
+            self._max_inputs = int((await self.info())["max_client_batch_size"])  # type: ignore[call-overload]
+        starts = part_starts(len(texts), self._max_inputs or len(texts))
+        size = starts.step
+        results = []
+        for start in starts:
+            request = make_request(texts[start : start + size], truncate, normalize, model, dimensions)
+            results.append(from_response(await self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata)))
+        return results[0] if len(results) == 1 else joined(results, starts)
 
     async def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)

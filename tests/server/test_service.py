@@ -182,6 +182,33 @@ def test_info_reports_model_limits_and_provider(served: ServerThread) -> None:
     assert len(str(info["model_version"])) == 12
 
 
+LONG_LIST = [f"text number {i} about rivers" if i not in (40, 65) else "word " * 60 for i in range(70)]
+
+
+def test_the_client_sends_a_long_list_as_requests_of_the_servers_size(served: ServerThread) -> None:
+    """70 texts where the server takes 32 a request: three requests, one result as if it were one."""
+    requests = served.server.metrics.requests
+    before = counter(requests, "Embed", "OK")
+    with EmbeddingClient(served.target) as client:
+        result = client.embed(LONG_LIST, truncate=True)
+        parts = [client.embed(LONG_LIST[start : start + 32], truncate=True) for start in (0, 32, 64)]
+    assert counter(requests, "Embed", "OK") - before == 6  # 3 for the list, 3 for its parts sent by hand
+    assert result.embeddings == [e for part in parts for e in part.embeddings]
+    assert result.token_counts == [c for part in parts for c in part.token_counts] and len(result.token_counts) == 70
+    assert result.truncated_inputs == [40, 65]  # indices into the whole list
+
+
+def test_the_asyncio_client_sends_a_long_list_in_parts_too(served: ServerThread) -> None:
+    async def embed() -> tuple[list[list[float]], list[int]]:
+        async with AsyncEmbeddingClient(served.target) as client:
+            result = await client.embed(LONG_LIST, truncate=True)
+        return result.embeddings, result.truncated_inputs
+
+    embeddings, truncated = asyncio.run(embed())
+    with EmbeddingClient(served.target) as client:
+        assert embeddings == client.embed(LONG_LIST, truncate=True).embeddings and truncated == [40, 65]
+
+
 def test_reflection_lists_the_services(served: ServerThread) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(served.target))
     (response,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
