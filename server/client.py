@@ -74,9 +74,12 @@ def joined(results: Sequence[EmbedResult], starts: Sequence[int]) -> EmbedResult
     )
 
 
-def part_starts(count: int, most: int) -> range:
-    """Where each request of at most ``most`` inputs starts in a list of ``count`` (one request when it fits)."""
-    return range(0, max(count, 1), max(most, 1) if count > most else max(count, 1))
+def parts(texts: list[str], most: int | None) -> list[tuple[int, list[str]]]:
+    """A list as consecutive requests of at most ``most`` texts, each with where it starts (one request, as
+    it is, when it fits or the limit is not known)."""
+    if most is None or len(texts) <= most:
+        return [(0, texts)]
+    return [(start, texts[start : start + most]) for start in range(0, len(texts), most)]
 
 
 def plain(message: Any) -> dict[str, object]:
@@ -144,21 +147,18 @@ class EmbeddingClient:
         dimensions: int | None = None,
     ) -> EmbedResult:
         """Any number of texts: a list longer than the server takes in one request (its Info's
-        ``max_client_batch_size``, asked once) goes as consecutive requests of that size."""
+        ``max_client_batch_size``, asked once, on the first list of more than one text) goes as consecutive
+        requests of that size."""
         texts = list(texts)
-        starts = part_starts(len(texts), self._most_inputs(len(texts)))
-        size = starts.step
-        results = [
-            from_response(self.stub.Embed(make_request(texts[start : start + size], truncate, normalize, model,
-                                                       dimensions), timeout=self.timeout, metadata=self.metadata))
-            for start in starts
-        ]  # fmt: skip
-        return results[0] if len(results) == 1 else joined(results, starts)
-
-    def _most_inputs(self, count: int) -> int:
-        if count > 1 and self._max_inputs is None:  # a single text never needs to know
+        if len(texts) > 1 and self._max_inputs is None:
             self._max_inputs = int(self.info()["max_client_batch_size"])  # type: ignore[call-overload]
-        return self._max_inputs or count
+        split = parts(texts, self._max_inputs)
+        results = [
+            from_response(self.stub.Embed(make_request(part, truncate, normalize, model, dimensions),
+                                          timeout=self.timeout, metadata=self.metadata))
+            for _, part in split
+        ]  # fmt: skip
+        return results[0] if len(results) == 1 else joined(results, [start for start, _ in split])
 
     def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)
@@ -203,13 +203,13 @@ class AsyncEmbeddingClient:
         texts = list(texts)
         if len(texts) > 1 and self._max_inputs is None:
             self._max_inputs = int((await self.info())["max_client_batch_size"])  # type: ignore[call-overload]
-        starts = part_starts(len(texts), self._max_inputs or len(texts))
-        size = starts.step
-        results = []
-        for start in starts:
-            request = make_request(texts[start : start + size], truncate, normalize, model, dimensions)
-            results.append(from_response(await self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata)))
-        return results[0] if len(results) == 1 else joined(results, starts)
+        split = parts(texts, self._max_inputs)
+        results = [
+            from_response(await self.stub.Embed(make_request(part, truncate, normalize, model, dimensions),
+                                                timeout=self.timeout, metadata=self.metadata))
+            for _, part in split
+        ]  # fmt: skip
+        return results[0] if len(results) == 1 else joined(results, [start for start, _ in split])
 
     async def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)

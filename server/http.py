@@ -445,21 +445,23 @@ class HttpApi:
         pipeline = model.pipeline
         part = pipeline.limits.max_client_batch_size
         starts = range(0, len(inputs), part)
-        if isinstance(inputs[0], str):
-            for start in starts:  # cheap checks of every input first, so that a bad one costs no computing
-                try:
-                    validate(inputs[start : start + part], pipeline.limits)
-                except BadInput as e:
-                    raise ParamError(f"input[{start + e.index}] {e.problem}", "input") from None
-        else:
-            token_rows(inputs, model)
+        texts = isinstance(inputs[0], str)
+        rows = [] if texts else token_rows(inputs, model)  # token ids: checked and made once, for every part
+        try:  # the cheap checks of every text first, so that a bad one costs no computing
+            for start in starts if texts else ():
+                validate(inputs[start : start + part], pipeline.limits)
+        except BadInput as e:
+            raise ParamError(f"input[{start + e.index}] {e.problem}", "input") from None
         gone = asyncio.ensure_future(receive())  # completes when the client disconnects
         try:
             embeddings, tokens = [], 0
             for start in starts:
                 if _went_away(gone):
                     raise Cancelled("the client went away")
-                tokenized = await self._tokenized(inputs[start : start + part], model, truncate, client, start)
+                if texts:
+                    tokenized = await self._tokenized(inputs[start : start + part], model, truncate, client, start)
+                else:
+                    tokenized = Tokenized(rows[start : start + part], [], 0.0)
                 result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
                 embeddings.append(result.embeddings)
                 tokens += sum(result.token_counts)
