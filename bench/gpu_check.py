@@ -35,6 +35,7 @@ LOAD_PROCESSES = 8
 PARITY_TEXTS = 64
 FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per load in the scaling table, with decimals
 SCALING_LOADS = ("1 text x 128 clients", "8 texts x 32 clients")
+GPU_MEMORY_READ = "after both loads, the server still running"  # when workers_reading asks nvidia-smi
 
 
 def cuda_loads(model_dir: Path) -> str | None:
@@ -110,20 +111,31 @@ def scaling_row(r: dict[str, Any]) -> list[object]:
     return [r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors(r["single"], r["batch8"])]
 
 
+def measured_by(run: dict[str, Any]) -> str:
+    return (
+        f"Measured by `{run['command']}` on {run['date']}: {run['gpu']}, {run['cpu']} ({run['cpu_cores']} cores), "
+        f"onnxruntime-gpu {run['onnxruntime']}."
+    )
+
+
 def write_markdown(report: dict[str, Any], path: Path) -> None:
-    """gpu-check.md from bench/gpu-check.md.tmpl; a run without the scaling step says so in its table's place."""
+    """gpu-check.md from bench/gpu-check.md.tmpl. Each step carries the run that measured it (steps may run
+    apart); a step never run says so in its table's place."""
+    parity, scaling = report.get("parity"), report.get("scaling")
     parity_header = ["model", "providers loaded", "fp32 CUDA vs CPU max abs", "fp16 mean cosine", "fp16 worst cosine"]
-    parity_rows = [parity_row(name, p) for name, p in report.get("parity", {}).items()]
+    parity_rows = [parity_row(name, p) for name, p in parity["models"].items()] if parity else []
     cells = [cell for load in SCALING_LOADS for cell in (f"{load}: texts/s", "p50 ms", "p99 ms")]
     header = ["model", "precision", "workers", "GPU memory MiB", *cells, "errors"]
-    scaling = report.get("scaling")
-    not_run = "Not run: `--steps` left out `scaling`."
     template = (Path(__file__).parent / "gpu-check.md.tmpl").read_text()
-    path.write_text(template.format_map(report | {
-        "parity_texts": PARITY_TEXTS, "fp32_max_abs": FP32_MAX_ABS, "fp16_min_cosine": FP16_MIN_COSINE,
-        "load_processes": LOAD_PROCESSES, "parity_table": table([*parity_header, "passes"], parity_rows, 2),
-        "scaling_table": table(header, [scaling_row(r) for r in scaling], 2) if scaling else not_run,
-    }))  # fmt: skip
+    path.write_text(template.format(
+        parity_texts=PARITY_TEXTS, fp32_max_abs=FP32_MAX_ABS, fp16_min_cosine=FP16_MIN_COSINE,
+        load_processes=LOAD_PROCESSES, duration=scaling["run"]["duration"] if scaling else 0,
+        gpu_memory_read=scaling["run"]["gpu_memory_read"] if scaling else GPU_MEMORY_READ,
+        parity_run=measured_by(parity["run"]) if parity else "Not run: `--steps` left out `parity`.",
+        parity_table=table([*parity_header, "passes"], parity_rows, 2) if parity else "",
+        scaling_run=measured_by(scaling["run"]) if scaling else "Not run: `--steps` left out `scaling`.",
+        scaling_table=table(header, [scaling_row(r) for r in scaling["rows"]], 2) if scaling else "",
+    ))  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -143,24 +155,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out / "gpu"
     out.mkdir(parents=True, exist_ok=True)
     report_file = out / "gpu-check.json"
+    # A step run now replaces that step's results and its run alone: steps run apart keep their own dates.
     report: dict[str, Any] = json.loads(report_file.read_text()) if report_file.is_file() else {}
-    report.update(
-        {
-            "date": datetime.date.today().isoformat(),
-            "gpu": gpu_name(),
-            "command": shlex.join(["python", "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)]),
-            "cpu": cpu_name(),
-            "cpu_cores": os.cpu_count(),
-            "onnxruntime": ort.__version__,
-            "duration": args.duration,
-        }
-    )
+    run = {
+        "date": datetime.date.today().isoformat(),
+        "command": shlex.join(["python", "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)]),
+        "gpu": gpu_name(),
+        "cpu": cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "onnxruntime": ort.__version__,
+        "duration": args.duration,
+    }
     if "parity" in steps:
         texts = traffic(PARITY_TEXTS)
-        report["parity"] = {
-            "trained": parity(args.model_dir, texts),
-            "all-MiniLM-L6-v2": parity(args.model_dir / "minilm", texts),
-        }
+        models = {"trained": args.model_dir, "all-MiniLM-L6-v2": args.model_dir / "minilm"}
+        report["parity"] = {"run": run, "models": {name: parity(folder, texts) for name, folder in models.items()}}
         report_file.write_text(json.dumps(report, indent=2) + "\n")
     if "bench" in steps:
         command = [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda"]
@@ -169,11 +178,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             texts_file = Path(tmp) / "texts.json"
             texts_file.write_text(json.dumps(traffic()))
-            report["scaling"] = scaling(args.model_dir, texts_file, args.duration)
+            report["scaling"] = {
+                "run": run | {"gpu_memory_read": GPU_MEMORY_READ},
+                "rows": scaling(args.model_dir, texts_file, args.duration),
+            }
         report_file.write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, out / "gpu-check.md")
     print((out / "gpu-check.md").read_text())
-    if not all(p["passes"] for p in report.get("parity", {}).values()):
+    if not all(p["passes"] for p in report.get("parity", {}).get("models", {}).values()):
         raise SystemExit(1)
 
 

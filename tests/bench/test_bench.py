@@ -343,13 +343,18 @@ def test_the_soak_cycles_request_sizes_and_samples_the_servers_memory(served: Se
 
 
 def test_the_gpu_check_report_renders_from_its_results_alone(tmp_path: Path) -> None:
+    """Steps run apart keep their own runs: each section names the command and date that measured it."""
     from bench.gpu_check import write_markdown
 
     report = json.loads((ROOT / "docs" / "gpu" / "gpu-check.json").read_text())
+    report["scaling"]["run"] |= {"date": "2001-02-03", "command": "python -m bench.gpu_check --steps scaling"}
     write_markdown(report, tmp_path / "full.md")
     text = (tmp_path / "full.md").read_text()
-    assert report["command"] in text and report["gpu"] in text
+    parity_section, scaling_section = text.split("## `--workers` scaling")
+    for run, section in ((report["parity"]["run"], parity_section), (report["scaling"]["run"], scaling_section)):
+        assert f"`{run['command']}` on {run['date']}" in section and run["gpu"] in section
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
-    assert len(rows) == 2 + len(report["parity"]) + len(report["scaling"])  # two headers, then a row each
-    write_markdown({k: v for k, v in report.items() if k != "scaling"}, tmp_path / "parity.md")
-    assert "Not run: `--steps` left out `scaling`." in (tmp_path / "parity.md").read_text()
+    assert len(rows) == 2 + len(report["parity"]["models"]) + len(report["scaling"]["rows"])  # headers, a row each
+    write_markdown({"parity": report["parity"]}, tmp_path / "parity.md")
+    parity_only = (tmp_path / "parity.md").read_text()
+    assert "Not run: `--steps` left out `scaling`." in parity_only and "2001-02-03" not in parity_only
