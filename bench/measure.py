@@ -6,7 +6,6 @@ import asyncio
 import json
 import platform
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.run import LocalServer, free_port, local_server, wait_serving
+from loadtest.run import LocalServer, free_port, listens_on, local_server, wait_serving
 from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
@@ -284,17 +283,13 @@ class Target:
     pid: int
 
 
-def wait_listening(port: int, timeout: float = 30) -> None:
-    """Until something accepts connections on the port (raises if nothing does within timeout)."""
+def wait_listening(process: subprocess.Popen[bytes], port: int, timeout: float = 30) -> None:
+    """Until the process itself listens on the port (raises if it exits or does not within timeout)."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    while not listens_on(process.pid, port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"bench.transport is not listening on {port} (exit code {process.poll()})")
+        time.sleep(0.1)
 
 
 @contextmanager
@@ -305,7 +300,7 @@ def transport_server(dim: int, protocol: str = "grpc") -> Iterator[Target]:
     process = subprocess.Popen([*command, "--protocol", protocol], cwd=ROOT)
     target = f"127.0.0.1:{port}"
     try:
-        wait_serving(target) if protocol == "grpc" else wait_listening(port)
+        wait_serving(target, process=process) if protocol == "grpc" else wait_listening(process, port)
         yield Target(target, process.pid)
     finally:
         process.terminate()

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,13 +33,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_serving(target: str, timeout: float = 60) -> None:
+class ServerExited(RuntimeError):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the server exited with code {code} before it served")
+        self.code = code
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether the process, or one of its children (--workers), holds a TCP socket listening on the port."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        family = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for member in family:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in member.net_connections("tcp")):
+                return True
+        except psutil.NoSuchProcess:
+            pass
+    return False
+
+
+def wait_serving(target: str, timeout: float = 60, process: subprocess.Popen[Any] | None = None) -> None:
+    """Until the target's health says SERVING. Given the process that should serve it: until that process
+    itself listens there (another process may have taken the port after free_port chose it, and answer in
+    its place), and ServerExited as soon as it exits."""
     stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+    port = int(target.rsplit(":", 1)[1])
     end = time.monotonic() + timeout
     while time.monotonic() < end:
+        if process is not None and process.poll() is not None:
+            raise ServerExited(process.returncode)
         try:
             status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-            if status == health_pb2.HealthCheckResponse.SERVING:
+            if status == health_pb2.HealthCheckResponse.SERVING and (process is None or listens_on(process.pid, port)):
                 return
         except grpc.RpcError:
             pass
@@ -53,37 +84,32 @@ class LocalServer:
     http: str  # the HTTP API's base URL
 
 
+# A server exits 2 when it cannot listen: here, a port another process took between free_port and the bind.
+PORT_ATTEMPTS = 3
+
+
 @contextmanager
 def local_server(model_dir: str, extra: Sequence[str] = (), source: Path = ROOT) -> Iterator[LocalServer]:
-    """`python -m server` (from ``source``, a checkout) on a free loopback port, stopped with SIGTERM afterwards."""
-    port, http_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--metrics-port",
-            "-1",
-            "--http-host",
-            "127.0.0.1",
-            "--http-port",
-            str(http_port),
-            "--model-dir",
-            str(Path(model_dir).resolve()),
-            "--log-level",
-            "WARNING",
-            *extra,
-        ],
-        cwd=source,
-    )
-    target = f"127.0.0.1:{port}"
+    """`python -m server` (from ``source``, a checkout) on free loopback ports, stopped with SIGTERM afterwards."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port, http_port = free_port(), free_port()
+        ports = ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1"]
+        ports += ["--http-host", "127.0.0.1", "--http-port", str(http_port)]
+        model = ["--model-dir", str(Path(model_dir).resolve())]
+        command = [sys.executable, "-m", "server", *ports, *model, "--log-level", "WARNING", *extra]
+        process = subprocess.Popen(command, cwd=source)
+        try:
+            wait_serving(f"127.0.0.1:{port}", process=process)
+            break
+        except ServerExited as e:
+            if e.code != 2 or attempt == PORT_ATTEMPTS:
+                raise
+        except BaseException:
+            process.terminate()
+            process.wait(30)
+            raise
     try:
-        wait_serving(target)
-        yield LocalServer(target, process, f"http://127.0.0.1:{http_port}")
+        yield LocalServer(f"127.0.0.1:{port}", process, f"http://127.0.0.1:{http_port}")
     finally:
         process.terminate()
         process.wait(30)

@@ -88,7 +88,7 @@ def test_sigterm_serves_every_request_sent_before_it_then_refuses_at_the_transpo
         return signalled
 
     try:
-        wait_serving(target)
+        wait_serving(target, process=process)
         signalled = asyncio.run(closed_loop_clients())
         code = process.wait(30)
         log = process.stdout.read() if process.stdout else ""
@@ -170,7 +170,7 @@ def test_sigterm_under_http_load_serves_every_request_sent_before_it(tiny_artifa
             return signalled
 
     try:
-        wait_serving(f"127.0.0.1:{port}")
+        wait_serving(f"127.0.0.1:{port}", process=process)
         signalled = asyncio.run(closed_loop_clients())
         code = process.wait(30)
         log = process.stdout.read() if process.stdout else ""

@@ -98,7 +98,7 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         # would be answered UNAVAILABLE (as it should), so this waits for both.
         for port_ in (metrics_port, metrics_port + 1):
             eventually(lambda port_=port_: model_loaded(port_), timeout=60, what=f"a worker's model on :{port_}")
-        wait_serving(target)
+        wait_serving(target, process=parent)
         for _ in range(24):  # separate connections: the kernel spreads connections, not calls
             with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
                 stub = embedding_pb2_grpc.EmbedderStub(channel)
@@ -150,7 +150,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
     threads: list[threading.Thread] = []
     stop = threading.Event()
     try:
-        wait_serving(target)
+        wait_serving(target, process=parent)
         eventually(lambda: len(worker_pids(log_path)) == 2, what="both worker pids logged")
         for port_ in (metrics_port, metrics_port + 1):  # one worker serving does not mean both are
             eventually(lambda port_=port_: model_loaded(port_), timeout=60, what=f"a worker's model on :{port_}")
