@@ -430,12 +430,13 @@ async def create_server(config: ServerConfig, load: bool = True) -> tuple[Embedd
 
 
 async def serve(config: ServerConfig) -> None:
-    server = EmbeddingServer(config)
-    await server.start()
+    # Handlers first: a SIGTERM while the ports are bound (a rollout cancelled at once) stops us cleanly too.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    server = EmbeddingServer(config)
+    await server.start()
     loader = asyncio.create_task(server.load())
     done, _ = await asyncio.wait({loader, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if loader in done and loader.exception() is not None:

@@ -188,3 +188,22 @@ def test_sigterm_under_http_load_serves_every_request_sent_before_it(tiny_artifa
     assert min(refused_at) > 0.5 * DRAIN_DELAY, sorted(refused_at)[:5]
     ok = before["OK"] + after["OK"]
     assert f"stopped: {ok} embedding requests (gRPC and HTTP) answered OK, 0 calls cut off" in log, log[-2000:]
+
+
+def test_a_sigterm_while_the_server_binds_its_ports_stops_it_cleanly(tiny_artifacts: Path) -> None:
+    """A SIGTERM that arrives while the server is still starting stops it with exit 0 and its closing log line,
+    as one that arrives later does, instead of meeting the signal's default action."""
+    script = f"""
+import os, signal
+from server import app
+listen = app.EmbeddingServer._listen
+async def signalled_while_listening(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    await listen(self)
+app.EmbeddingServer._listen = signalled_while_listening
+app.main(["--model-dir", {str(tiny_artifacts)!r}, "--host", "127.0.0.1", "--port", "0", "--http-port", "-1",
+          "--metrics-port", "-1", "--log-level", "INFO"])
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped: 0 embedding requests" in done.stderr, done.stderr[-2000:]
