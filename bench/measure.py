@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.run import LocalServer, free_port, listens_on, local_server, wait_serving
+from loadtest.run import LocalServer, free_port, local_server, wait_listening, wait_serving
 from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
@@ -281,15 +281,6 @@ def workers_reading(  # type: ignore[type-arg]
 class Target:
     address: str
     pid: int
-
-
-def wait_listening(process: subprocess.Popen[bytes], port: int, timeout: float = 30) -> None:
-    """Until the process itself listens on the port (raises if it exits or does not within timeout)."""
-    deadline = time.monotonic() + timeout
-    while not listens_on(process.pid, port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"bench.transport is not listening on {port} (exit code {process.poll()})")
-        time.sleep(0.1)
 
 
 @contextmanager

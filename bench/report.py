@@ -163,14 +163,27 @@ def protocols_table(p: dict[str, Any]) -> str:
 
 
 def gpu_text(r: dict[str, Any], out: Path) -> str:
+    """This run's GPU section: the figures of the CUDA run and the GPU check in docs/gpu/, where they exist."""
     if on_cuda(r):
         return "This file is a CUDA run (`make gpu-check` runs one); parity and `--workers` scaling: [gpu-check.md](gpu-check.md)."
-    if (out / "gpu" / "gpu-check.md").exists():
-        return ("Measured on a machine with an NVIDIA GPU (`make gpu-check`; the command and date are in each file): "
-                "parity and `--workers` scaling in [gpu/gpu-check.md](gpu/gpu-check.md), speed on the CUDA execution "
-                "provider in [gpu/benchmarks.md](gpu/benchmarks.md).")  # fmt: skip
-    return ("**Not measured in this run**: it had no NVIDIA GPU. On such a machine `make gpu-check` checks export "
-            "parity on CUDA, runs this benchmark with `--provider cuda` and writes `docs/gpu/`.")  # fmt: skip
+    gpu = out / "gpu"
+    if not (gpu / "benchmarks.json").exists():
+        return ("**Not measured**: no CUDA run in docs/gpu/. On a machine with an NVIDIA GPU `make gpu-check` checks "
+                "export parity on CUDA, runs this benchmark with `--provider cuda` and writes `docs/gpu/`.")  # fmt: skip
+    cuda = json.loads((gpu / "benchmarks.json").read_text())
+    m = cuda["machine"]
+    text = (f"On a machine with an NVIDIA GPU, by `{cuda['command']}` on {m['date']} ({m['cpu']}, {m['cores']} cores; "
+            "every figure in [gpu/benchmarks.md](gpu/benchmarks.md)), the targets on the CUDA execution provider:\n\n"
+            + table(["target", "measured", "bar", "met"], [[*row[:3], MET_LABELS[row[3]]] for row in targets(cuda)], 4))  # fmt: skip
+    check = json.loads((gpu / "gpu-check.json").read_text()) if (gpu / "gpu-check.json").exists() else {}
+    if "parity" in check:
+        run = check["parity"]["run"]
+        rows = [[name, f"{p['fp32_cuda_vs_cpu_max_abs']:.2e}", f"{p['fp16_worst_cosine']:.6f}", MET_LABELS[p["passes"]]]
+                for name, p in check["parity"]["models"].items()]  # fmt: skip
+        text += (f"\n\nParity by `{run['command']}` on {run['date']} ({run['gpu']}; [gpu/gpu-check.md](gpu/gpu-check.md), "
+                 "which also holds the `--workers` scaling on the GPU):\n\n"
+                 + table(["model", "fp32 CUDA vs CPU max abs", "fp16 worst cosine", "passes"], rows, 1))  # fmt: skip
+    return text
 
 
 def plot(r: dict[str, Any], out: Path) -> None:

@@ -57,6 +57,17 @@ def listens_on(pid: int, port: int) -> bool:
     return False
 
 
+def wait_listening(process: subprocess.Popen[Any], port: int, timeout: float = 30) -> None:
+    """Until the process itself listens on the port; ServerExited as soon as it exits."""
+    deadline = time.monotonic() + timeout
+    while not listens_on(process.pid, port):
+        if process.poll() is not None:
+            raise ServerExited(process.returncode)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {process.pid} not listening on {port} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
 def wait_serving(target: str, timeout: float = 60, process: subprocess.Popen[Any] | None = None) -> None:
     """Until the target's health says SERVING. Given the process that should serve it: until that process
     itself listens there (another process may have taken the port after free_port chose it, and answer in

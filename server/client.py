@@ -62,8 +62,11 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
     )
 
 
-def joined(results: Sequence[EmbedResult], starts: Sequence[int]) -> EmbedResult:
-    """The results of consecutive parts of one list (part i from ``starts[i]``) as the list's one result."""
+def joined(results: Sequence[EmbedResult], split: Sequence[tuple[int, list[str]]]) -> EmbedResult:
+    """The results of the parts ``parts`` made of one list, as the list's one result."""
+    if len(results) == 1:
+        return results[0]
+    starts = [start for start, _ in split]
     return EmbedResult(
         embeddings=[e for r in results for e in r.embeddings],
         token_counts=[c for r in results for c in r.token_counts],
@@ -158,7 +161,7 @@ class EmbeddingClient:
                                           timeout=self.timeout, metadata=self.metadata))
             for _, part in split
         ]  # fmt: skip
-        return results[0] if len(results) == 1 else joined(results, [start for start, _ in split])
+        return joined(results, split)
 
     def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)
@@ -209,7 +212,7 @@ class AsyncEmbeddingClient:
                                                 timeout=self.timeout, metadata=self.metadata))
             for _, part in split
         ]  # fmt: skip
-        return results[0] if len(results) == 1 else joined(results, [start for start, _ in split])
+        return joined(results, split)
 
     async def info(self, model: str = "") -> dict[str, object]:
         request = embedding_pb2.InfoRequest(model=model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -358,3 +359,20 @@ def test_the_gpu_check_report_renders_from_its_results_alone(tmp_path: Path) -> 
     write_markdown({"parity": report["parity"]}, tmp_path / "parity.md")
     parity_only = (tmp_path / "parity.md").read_text()
     assert "Not run: `--steps` left out `scaling`." in parity_only and "2001-02-03" not in parity_only
+
+
+def test_the_reports_gpu_section_carries_the_gpu_runs_figures(tmp_path: Path) -> None:
+    """docs/benchmarks.md states the CUDA run's targets and the GPU parity where docs/gpu/ holds them."""
+    from bench.report import gpu_text, targets
+
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    assert "**Not measured**" in gpu_text(run, tmp_path)
+    shutil.copytree(ROOT / "docs" / "gpu", tmp_path / "gpu")
+    text = gpu_text(run, tmp_path)
+    cuda = json.loads((ROOT / "docs" / "gpu" / "benchmarks.json").read_text())
+    assert cuda["command"] in text
+    for target, measured, _, _ in targets(cuda):
+        assert f"| {target} | {measured} |" in text
+    parity = json.loads((ROOT / "docs" / "gpu" / "gpu-check.json").read_text())["parity"]
+    for name, p in parity["models"].items():
+        assert f"| {name} | {p['fp32_cuda_vs_cpu_max_abs']:.2e} | {p['fp16_worst_cosine']:.6f} |" in text
