@@ -83,8 +83,8 @@ def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, 
     print("transport ceiling: the same proto answered with a fixed vector (bench/transport.py)", flush=True)
     with transport_server(dim) as t:
         return {
-            "single": load_sweep(t.address, TRANSPORT_SINGLE, texts_file, duration, watch_pid=t.pid),
-            "batch8": load_sweep(t.address, TRANSPORT_BATCH8, texts_file, duration, 8, watch_pid=t.pid),
+            "single": load_sweep(t.target, TRANSPORT_SINGLE, texts_file, duration, watch_pid=t.process.pid),
+            "batch8": load_sweep(t.target, TRANSPORT_BATCH8, texts_file, duration, 8, watch_pid=t.process.pid),
         }
 
 
@@ -113,14 +113,6 @@ def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
     policy = batch_policy(defaults, batch_token_budget(runtime, defaults, tokenizer.max_length))
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
     return WarmModel(folder, manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
-
-
-def padding(runtime: OnnxRuntime, rows: list[np.ndarray], policy: BatchPolicy) -> dict[str, dict[str, float]]:
-    fifo = replace(policy, length_sorted=False)
-    return {
-        f"c={c}": {"sorted": padding_waste(runtime, rows, policy, c), "fifo": padding_waste(runtime, rows, fifo, c)}
-        for c in (32, 128)
-    }
 
 
 class Plan(NamedTuple):
@@ -161,6 +153,7 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
     readings.append(len(rows) / time_batches(runtime, batches))
     print(f"  raw ceiling again {readings[1]:.0f} texts/s", flush=True)
     ids, mask = pad_rows(rows[:32], runtime.pad_id)
+    fifo = replace(policy, length_sorted=False)
     batch_provider = "cpu" if plan.torch_threads else provider  # beside eager PyTorch, which runs on the CPU
     config = w.manifest.config
     flops = sum(forward_flops(config, len(b), max(len(r) for r in b)) for b in batches)
@@ -182,7 +175,10 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
         "max_batch_tokens": policy.max_batch_tokens,
         "single_text_ms": 1000 * float(np.median(singles)),
         "singles_per_second": len(singles) / sum(singles),
-        "padding": padding(runtime, rows, policy),
+        "padding": {
+            f"c={c}": {"sorted": padding_waste(runtime, rows, policy, c), "fifo": padding_waste(runtime, rows, fifo, c)}
+            for c in (32, 128)
+        },
         "per_batch": {
             "shape": list(ids.shape),
             "seconds": per_batch_latency(w.folder, ids, mask, batch_provider, plan.torch_threads),

@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, merge_counts, traffic, workers_reading
+from bench.measure import ROOT, cpu_name, traffic, workers_reading
 from bench.report import table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -97,7 +98,7 @@ def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str
 
 
 def errors(*readings: dict[str, Any]) -> str:
-    kinds = merge_counts(r.get("error_kinds", {}) for r in readings)
+    kinds = sum((Counter(r.get("error_kinds", {})) for r in readings), Counter())
     return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
 
 

@@ -9,18 +9,17 @@ import random
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.run import LocalServer, free_port, local_server, wait_listening, wait_serving
+from loadtest.run import LocalServer, free_port, local_server, wait_listening, wait_serving, wait_workers_loaded
 from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
@@ -43,17 +42,13 @@ def forward_flops(config: Mapping[str, Any], batch: int, sequence: int) -> float
 
 
 class BatchRecorder(BatchObserver):
-    def __init__(self) -> None:
-        self.real = 0
-        self.padded = 0
+    """Real and padded tokens of every batch the batcher starts."""
+
+    real = padded = 0
 
     def batch_started(self, items: int, real_tokens: int, padded_tokens: int, queue_waits: list[float]) -> None:
         self.real += real_tokens
         self.padded += padded_tokens
-
-    @property
-    def waste(self) -> float:
-        return (self.padded - self.real) / self.padded
 
 
 def traffic(n: int = TRAFFIC_TEXTS) -> list[str]:
@@ -111,7 +106,7 @@ def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: Batc
         await batcher.close()
 
     asyncio.run(run())
-    return recorder.waste
+    return (recorder.padded - recorder.real) / recorder.padded
 
 
 def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ignore[no-untyped-def]
@@ -191,15 +186,11 @@ def load(  # type: ignore[type-arg]
     process and whose client is itself limited to one core, so only several processes can load a server
     with more cores than that. Their rates add up; latency percentiles are over all their requests.
     """
-    settings = {"target": target, "concurrency": concurrency, "duration": duration, "texts": texts_file}
-    settings |= {"texts-per-request": per_request, "protocol": protocol} | (
-        {"watch-pid": watch_pid} if watch_pid else {}
-    )
-    command = [sys.executable, "-m", "bench.loadgen", *(x for k, v in settings.items() for x in (f"--{k}", str(v)))]
-    running = [
-        subprocess.Popen([*command, *(["--raw-latencies"] if processes > 1 else [])], cwd=ROOT, stdout=subprocess.PIPE)
-        for _ in range(processes)
-    ]
+    command = [sys.executable, "-m", "bench.loadgen", "--target", target, "--texts", str(texts_file)]
+    command += [f"--concurrency={concurrency}", f"--duration={duration}", f"--texts-per-request={per_request}"]
+    command += [f"--protocol={protocol}", *([f"--watch-pid={watch_pid}"] if watch_pid else [])]
+    command += ["--raw-latencies"] if processes > 1 else []
+    running = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE) for _ in range(processes)]
     readings = [json.loads(p.communicate()[0]) for p in running]
     if any(p.returncode for p in running):
         raise RuntimeError(f"a load generator failed against {target}")
@@ -218,28 +209,6 @@ def load_sweep(target: str, concurrencies: Sequence[int], *args: Any, **options:
     return [load(target, concurrency, *args, **options) for concurrency in concurrencies]
 
 
-def wait_workers_ready(metrics_port: int, workers: int, timeout: float = 120) -> None:
-    """Until every worker has loaded its model (its metrics list it): `local_server` waits for the first
-    SERVING answer only, and a connection the kernel hands to a worker still loading is refused (UNAVAILABLE)."""
-    end = time.monotonic() + timeout
-    waiting = set(range(workers))
-    while waiting and time.monotonic() < end:
-        for i in sorted(waiting):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + i}/metrics", timeout=1) as answer:
-                    if b"embed_model_info{" in answer.read():
-                        waiting.discard(i)
-            except OSError:
-                pass
-        time.sleep(0.2)
-    if waiting:
-        raise TimeoutError(f"workers {sorted(waiting)} not ready within {timeout:.0f} s")
-
-
-def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    return dict(sum((Counter(one) for one in counts), Counter()))
-
-
 def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
     """Several load generators' readings as one: rates added, percentiles over every request's latency."""
     ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
@@ -252,7 +221,7 @@ def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
         "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
         "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
         "errors": sum(r["errors"] for r in readings),
-        "error_kinds": merge_counts(r["error_kinds"] for r in readings),
+        "error_kinds": dict(sum((Counter(r["error_kinds"]) for r in readings), Counter())),
     }
 
 
@@ -271,20 +240,14 @@ def workers_reading(  # type: ignore[type-arg]
     metrics_port = free_port()
     extra = [*flags, "--workers", str(workers), "--metrics-port", str(metrics_port)]
     with local_server(str(model_dir), extra) as server:
-        wait_workers_ready(metrics_port, workers)
+        wait_workers_loaded(metrics_port, workers)
         single = load(server.target, 128 // processes, texts_file, duration, processes=processes)
         batch8 = load(server.target, 32 // processes, texts_file, duration, 8, processes=processes)
         return {"single": single, "batch8": batch8, **(after_load() if after_load else {})}
 
 
-@dataclass(frozen=True)
-class Target:
-    address: str
-    pid: int
-
-
 @contextmanager
-def transport_server(dim: int, protocol: str = "grpc") -> Iterator[Target]:
+def transport_server(dim: int, protocol: str = "grpc") -> Iterator[LocalServer]:
     """bench/transport.py in its own process: the same request answered with a fixed vector, no model."""
     port = free_port()
     command = [sys.executable, "-m", "bench.transport", "--port", str(port), "--dim", str(dim)]
@@ -292,7 +255,7 @@ def transport_server(dim: int, protocol: str = "grpc") -> Iterator[Target]:
     target = f"127.0.0.1:{port}"
     try:
         wait_serving(target, process=process) if protocol == "grpc" else wait_listening(process, port)
-        yield Target(target, process.pid)
+        yield LocalServer(target, process, f"http://{target}")
     finally:
         process.terminate()
         process.wait(30)
@@ -308,7 +271,7 @@ def compare_protocols(  # type: ignore[type-arg]
     per round, each with its round and its place in that round's order."""
     results: dict[str, dict[str, list[dict]]] = {}  # type: ignore[type-arg]
     with transport_server(dim, "http") as ceiling:
-        targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.address}
+        targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.target}
         for round_ in range(rounds):
             order = list(targets.items())[:: -1 if round_ % 2 else 1]
             for per_request, clients in loads:

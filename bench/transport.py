@@ -80,12 +80,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    parser.add_argument(
-        "--event-loop", choices=list(loops.EVENT_LOOPS), default=ServerConfig().event_loop, help="gRPC's only"
-    )
     args = parser.parse_args(argv)
     if args.protocol == "grpc":
-        loops.run(serve_grpc(args.port, args.dim), args.event_loop)
+        loops.run(serve_grpc(args.port, args.dim), ServerConfig().event_loop)
         return
     import uvicorn
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -86,6 +87,25 @@ def wait_serving(target: str, timeout: float = 60, process: subprocess.Popen[Any
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{target} did not become SERVING within {timeout:.0f} s")
+
+
+def wait_workers_loaded(metrics_port: int, workers: int, timeout: float = 120) -> None:
+    """Until every `--workers` process has loaded its models (worker i's metrics, on metrics_port + i, list them):
+    wait_serving returns at the first SERVING answer, and a connection the kernel hands to a worker still
+    loading is refused (UNAVAILABLE)."""
+    end = time.monotonic() + timeout
+    waiting = set(range(workers))
+    while waiting and time.monotonic() < end:
+        for i in sorted(waiting):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + i}/metrics", timeout=1) as answer:
+                    if b"embed_model_info{" in answer.read():
+                        waiting.discard(i)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    if waiting:
+        raise TimeoutError(f"workers {sorted(waiting)} not ready within {timeout:.0f} s")
 
 
 @dataclass(frozen=True)

@@ -38,3 +38,12 @@ def test_a_server_that_exits_before_serving_is_reported_at_once(tmp_path: Path) 
     with pytest.raises(run.ServerExited) as exited, run.local_server(str(tmp_path / "no-model-here")):
         pass
     assert exited.value.code == 2  # missing artifacts: the configuration cannot run here
+
+
+def test_waiting_for_workers_names_the_ones_that_never_loaded() -> None:
+    try:
+        run.wait_workers_loaded(run.free_port(), 2, timeout=0.5)
+    except TimeoutError as e:
+        assert "workers [0, 1] not ready" in str(e)
+    else:
+        raise AssertionError("no worker answers on those ports, yet the wait returned")

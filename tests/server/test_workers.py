@@ -18,7 +18,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedding.v1 import embedding_pb2_grpc
-from loadtest.run import wait_serving
+from loadtest.run import wait_serving, wait_workers_loaded
 from tests.conftest import eventually, request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,14 +57,6 @@ def ok_requests(metrics_port: int) -> float:
     )
 
 
-def model_loaded(metrics_port: int) -> bool:
-    """The worker's model is served: its info series is set in the same step that starts serving it."""
-    try:
-        return any(s.name == "embed_model_info" for s in samples(metrics_port))
-    except OSError:  # its metrics endpoint is not up yet
-        return False
-
-
 def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigterm(tiny_artifacts: Path) -> None:
     port, metrics_port = fixed_ports()
     parent = subprocess.Popen(
@@ -96,8 +88,7 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
     try:
         # One worker SERVING is enough for wait_serving; a connection to the other while it still loads
         # would be answered UNAVAILABLE (as it should), so this waits for both.
-        for port_ in (metrics_port, metrics_port + 1):
-            eventually(lambda port_=port_: model_loaded(port_), timeout=60, what=f"a worker's model on :{port_}")
+        wait_workers_loaded(metrics_port, 2, timeout=60)
         wait_serving(target, process=parent)
         for _ in range(24):  # separate connections: the kernel spreads connections, not calls
             with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
@@ -152,8 +143,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
     try:
         wait_serving(target, process=parent)
         eventually(lambda: len(worker_pids(log_path)) == 2, what="both worker pids logged")
-        for port_ in (metrics_port, metrics_port + 1):  # one worker serving does not mean both are
-            eventually(lambda port_=port_: model_loaded(port_), timeout=60, what=f"a worker's model on :{port_}")
+        wait_workers_loaded(metrics_port, 2, timeout=60)  # one worker serving does not mean both are
         first_pids = worker_pids(log_path)
 
         def served_by(channel: grpc.Channel) -> int:
