@@ -201,8 +201,10 @@ def token_rows(rows: list[list[int]], model: ServedModel) -> list[np.ndarray]:
     info = model.info
     for i, row in enumerate(rows):
         if len(row) > info.max_input_length:
-            raise ParamError(
-                f"input[{i}] has {len(row)} tokens, more than the limit of {info.max_input_length}", "input"
+            raise ParamError(  # whatever `truncate` says: a cut row would lose its closing special token
+                f"input[{i}] has {len(row)} tokens, more than the limit of {info.max_input_length}; token ids are "
+                f"never cut, truncate or not: send at most {info.max_input_length}",
+                "input",
             )
         if min(row) < 0 or max(row) >= info.vocab_size:
             raise ParamError(f"input[{i}] holds a token id outside the vocabulary [0, {info.vocab_size})", "input")
@@ -366,7 +368,10 @@ class HttpApi:
             del body
             for ticket in tickets:
                 ticket.release()
-        return 200, orjson.dumps(await model.pipeline.tokens(texts, add_special_tokens))
+        try:
+            return 200, orjson.dumps(await model.pipeline.tokens(texts, add_special_tokens))
+        except BadInput as e:  # TEI's field is `inputs`
+            raise ParamError(f"inputs[{e.index}] {e.problem}", "inputs") from None
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         body, tickets = await self._read_json(scope, receive, client)

@@ -265,6 +265,12 @@ def test_a_faulty_input_is_named_as_openai_names_it(served_http: ServerThread) -
         assert message.endswith(f"such lists; {said}"), message
     long = post(served_http, {"input": ["ok", "ok " * 200], "truncate": False}).json()["error"]
     assert long["message"].startswith("input[1] has ") and "tokens, more than the limit of" in long["message"]
+    # Token ids are the model's own, special tokens included: a row cut short would lose its closing one.
+    for truncate in (True, False):
+        ids = post(served_http, {"input": [[5] * 4, [5] * 200], "truncate": truncate}).json()["error"]
+        assert (ids["message"], ids["param"]) == (
+            "input[1] has 200 tokens, more than the limit of 32; token ids are never cut, truncate or not: "
+            "send at most 32", "input")  # fmt: skip
 
 
 def test_the_openai_client_raises_its_own_errors(served_http: ServerThread) -> None:
@@ -560,7 +566,7 @@ def test_tokenize_shows_each_token_where_it_came_from_and_what_embeddings_count(
 
 @pytest.mark.parametrize(
     ("body", "param"),
-    [({}, "inputs"), ({"inputs": []}, "inputs"), ({"inputs": [1, 2]}, "inputs"), ({"inputs": ["ok", " "]}, None),
+    [({}, "inputs"), ({"inputs": []}, "inputs"), ({"inputs": [1, 2]}, "inputs"), ({"inputs": ["ok", " "]}, "inputs"),
      ({"inputs": "ok", "add_special_tokens": "yes"}, "add_special_tokens")],
 )  # fmt: skip
 def test_tokenize_refuses_bad_requests_with_openai_errors(served_http: ServerThread, body, param) -> None:  # type: ignore[no-untyped-def]
