@@ -54,10 +54,16 @@ class HeadersTimedOut(InvalidInput):
     """A request's headers did not arrive within the header timeout (HTTP only: answered 408, then closed)."""
 
 
+class CompressedBody(InvalidInput):
+    """A body sent with a Content-Encoding (gzip, say): refused unread, since inflating it would take memory
+    its admitted size does not count (HTTP only: answered 415)."""
+
+
 # The one translation table from domain errors to HTTP statuses and OpenAI error types.
 STATUS_FOR_ERROR: dict[type[EmbedError], tuple[int, str]] = {
     InvalidInput: (400, "invalid_request_error"),
     HeadersTimedOut: (408, "invalid_request_error"),
+    CompressedBody: (415, "invalid_request_error"),
     UnknownModel: (404, "invalid_request_error"),
     BodyTooLarge: (413, "invalid_request_error"),
     Unauthenticated: (401, "authentication_error"),
@@ -74,6 +80,7 @@ CODE_FOR_ERROR: dict[type[EmbedError], str] = {
     Overloaded: "overloaded",
     Unauthenticated: "invalid_api_key",
     HeadersTimedOut: "timeout",
+    CompressedBody: "unsupported_content_encoding",
 }
 REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's reasons, as for gRPC
     InvalidInput: "invalid",
@@ -485,6 +492,10 @@ class HttpApi:
     async def _read_json(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[dict[str, Any], list[Ticket]]:
         """The body, admitted before it is read: by its connection, then by its Content-Length. A chunked
         body (no length) is admitted as the largest body this server reads and cut off past it."""
+        encoding = (_header(scope, b"content-encoding") or b"identity").strip().lower()
+        if encoding != b"identity":
+            name = encoding.decode("latin-1")
+            raise CompressedBody(f"the body is sent with Content-Encoding {name!r}; send it uncompressed")
         length_header = _header(scope, b"content-length")
         if length_header is not None:
             try:

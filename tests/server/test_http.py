@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import select
 import socket
@@ -324,6 +325,22 @@ def test_a_chunked_body_is_served_and_cut_off_past_the_limit_with_413(
         assert server.server.admission.held_bytes == 0  # what the body held is given back
     finally:
         server.stop()
+
+
+def test_a_compressed_body_is_refused_unread_with_415(served_http: ServerThread) -> None:
+    """Inflating a gzip body would take memory its admitted size does not count: refused with a message
+    saying what to send, never parsed as if it were JSON."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Encoding": "gzip"}
+    body = gzip.compress(json.dumps({"input": "a river"}).encode())
+    answer = httpx.post(base_url(served_http) + "/v1/embeddings", content=body, headers=headers, timeout=20)
+    assert answer.status_code == 415, answer.text
+    conforms(answer.json(), "Error")
+    error = answer.json()["error"]
+    assert error["code"] == "unsupported_content_encoding" and "send it uncompressed" in error["message"]
+    assert served_http.server.admission.held_bytes == 0
+    plain = {"Authorization": f"Bearer {TOKEN}", "Content-Encoding": "identity"}  # the same as none
+    answer = httpx.post(base_url(served_http) + "/v1/embeddings", json={"input": "a river"}, headers=plain, timeout=20)
+    assert answer.status_code == 200
 
 
 def test_a_slow_body_times_out_with_400(tiny_artifacts: Path) -> None:
