@@ -240,6 +240,9 @@ class OpenInferenceService(RpcAccounting):
         raw = list(request.raw_input_contents)
         if raw and len(raw) != len(inputs):
             raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
+        both = [t.name for t in inputs if raw and t.HasField("contents")]
+        if both:  # which of the two to read would be a guess (Triton refuses it too)
+            raise InvalidInput(f"input {both[0]!r} has contents while raw_input_contents is used: send one of them")
         tensors = {t.name: (t, raw[i] if raw else None) for i, t in enumerate(inputs)}
         if len(tensors) != len(inputs):
             raise InvalidInput("an input name appears twice")

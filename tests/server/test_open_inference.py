@@ -154,6 +154,11 @@ def _with_output(message, name: str):  # type: ignore[no-untyped-def]
     return message
 
 
+def _with_contents(message):  # type: ignore[no-untyped-def]
+    message.inputs[0].contents.bytes_contents.append(b"a cat")
+    return message
+
+
 BAD_REQUESTS = {
     "text as INT64": (_text([1], "INT64"), "'text' must be BYTES"),
     "text of shape [1, 2]": (_text([1, 2]), "shape [N] or [N, 1]"),
@@ -172,6 +177,7 @@ BAD_REQUESTS = {
     "huge shape": (_with_shape(_tokens([[2, 3]], [[1, 1]]), [2**40, 2**40]), "the contents hold 2"),
     "negative shape": (_with_shape(_text([1]), [-1]), "negative dimension"),
     "unknown output": (_with_output(_text([1]), "pooled"), "unknown output 'pooled'"),
+    "contents and raw contents": (_with_contents(_text([1])), "'text' has contents while raw_input_contents is used"),
     "wrong version": (pb.ModelInferRequest(model_name=MODEL, model_version="7"), "not '7'"),
 }
 
