@@ -4,7 +4,8 @@ app served by uvicorn (httptools' parser) on the gRPC server's own event loop.
 The only module that knows HTTP and JSON; it goes through the same admission, pipelines, batchers and
 metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors to HTTP statuses.
 
-Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /info``, ``POST /tokenize`` (each input's
+Routes: ``POST /v1/embeddings``, ``POST /embed`` and ``POST /`` (text-embeddings-inference's request and
+answer, for its clients), ``GET /v1/models``, ``GET /info``, ``POST /tokenize`` (each input's
 tokens with their character offsets, untruncated), ``GET /health`` (liveness: the
 process answers), ``GET /ready`` (readiness: 503 until every model is loaded and warm, and from the
 moment a drain starts), ``GET /openapi.json``.
@@ -19,9 +20,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -92,6 +94,7 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
     Cancelled: "cancelled",
 }
 OPENAPI = Path(__file__).parent / "openapi.json"
+T = TypeVar("T")
 Header = tuple[bytes, bytes]
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
@@ -150,13 +153,14 @@ def json_kind(value: Any) -> str:
     return next(name for kind, name in kinds if isinstance(value, kind))
 
 
-def parse_input(value: Any) -> list[str] | list[list[int]]:
-    """OpenAI's input: a string, strings, token ids, or lists of token ids -> texts or token rows."""
+def parse_input(value: Any, field: str = "input") -> list[str] | list[list[int]]:
+    """The inputs of OpenAI's `input` (or TEI's `inputs`): a string, strings, token ids, or lists of token ids
+    -> texts or token rows."""
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not value:
         kind = json_kind(value)
-        raise ParamError(f"'input' must be a string, a list of strings, or token ids; it is {kind}", "input")
+        raise ParamError(f"'{field}' must be a string, a list of strings, or token ids; it is {kind}", field)
     forms = [_form(v) for v in value]
     if all(form == "text" for form in forms):
         return value
@@ -166,12 +170,12 @@ def parse_input(value: Any) -> list[str] | list[list[int]]:
         empty = next((i for i, r in enumerate(value) if not r), None)
         if empty is None:
             return value
-        raise ParamError(f"input[{empty}] is an empty list of token ids", "input")
-    # Name the first item that no form of `input` holds, or that differs in form from input[0].
+        raise ParamError(f"{field}[{empty}] is an empty list of token ids", field)
+    # Name the first item that no form of the field holds, or that differs in form from its first item.
     i = next((i for i, form in enumerate(forms) if form is None or form != forms[0]), 0)
-    said = f"input[{i}] is {_what(value[i])}" + (f", input[0] {_what(value[0])}" if forms[i] else "")
+    said = f"{field}[{i}] is {_what(value[i])}" + (f", {field}[0] {_what(value[0])}" if forms[i] else "")
     raise ParamError(
-        f"'input' must be a string, a list of strings, a list of token ids or a list of such lists; {said}", "input"
+        f"'{field}' must be a string, a list of strings, a list of token ids or a list of such lists; {said}", field
     )
 
 
@@ -203,19 +207,31 @@ def _went_away(watch: asyncio.Future[Any]) -> bool:
     return bool(watch.result().get("type") == "http.disconnect")
 
 
-def token_rows(rows: list[list[int]], model: ServedModel) -> list[np.ndarray]:
+def token_rows(rows: list[list[int]], model: ServedModel, field: str = "input") -> list[np.ndarray]:
     """Token id rows as the model's tokenizer makes them (special tokens included), checked against it."""
     info = model.info
     for i, row in enumerate(rows):
         if len(row) > info.max_input_length:
             raise ParamError(  # whatever `truncate` says: a cut row would lose its closing special token
-                f"input[{i}] has {len(row)} tokens, more than the limit of {info.max_input_length}; token ids are "
+                f"{field}[{i}] has {len(row)} tokens, more than the limit of {info.max_input_length}; token ids are "
                 f"never cut, truncate or not: send at most {info.max_input_length}",
-                "input",
+                field,
             )
         if min(row) < 0 or max(row) >= info.vocab_size:
-            raise ParamError(f"input[{i}] holds a token id outside the vocabulary [0, {info.vocab_size})", "input")
+            raise ParamError(f"{field}[{i}] holds a token id outside the vocabulary [0, {info.vocab_size})", field)
     return [np.asarray(row, dtype=np.int64) for row in rows]
+
+
+@dataclass(frozen=True)
+class EmbedCall:
+    """What one embedding request asked for, beside its inputs."""
+
+    model: ServedModel
+    field: str  # where the inputs came from: OpenAI's `input`, TEI's `inputs`; error messages name it
+    truncate: bool
+    normalize: bool
+    dimensions: int | None
+    client: str
 
 
 class HttpApi:
@@ -247,6 +263,8 @@ class HttpApi:
         self._cors_origins = frozenset(origin.encode() for origin in cors_origins)
         self._routes: dict[tuple[str, str], Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]] = {
             ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/embed"): self._embed,
+            ("POST", "/"): self._embed,  # TEI answers embeddings at its root too (huggingface_hub posts there)
             ("GET", "/v1/models"): self._models,
             ("GET", "/info"): self._info_route,
             ("POST", "/tokenize"): self._tokenize,
@@ -381,43 +399,16 @@ class HttpApi:
             raise ParamError(f"inputs[{e.index}] {e.problem}", "inputs") from None
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
-        body, tickets = await self._read_json(scope, receive, client)
-        embedded: tuple[np.ndarray, int] | None = None  # (embeddings, tokens) of a request run in parts
-        try:
-            model = self.state.resolve(_field(body, "model", str, "") or "")
-            scope["embed.model"] = model.name  # for the metrics' model label
-            inputs = parse_input(body.get("input"))
-            if len(inputs) > self.max_inputs:  # OpenAI's field is `input`; its clients split lists by a size
-                most = self.max_inputs
-                raise ParamError(f"'input' holds {len(inputs)} items, more than {most}; send at most {most} a request "
-                                 "(LangChain's chunk_size, LlamaIndex's embed_batch_size)", "input")  # fmt: skip
-            encoding = _field(body, "encoding_format", str, "float")
+        """OpenAI's `/v1/embeddings`."""
+
+        def openai_fields(body: dict[str, Any]) -> str:
+            encoding: str = _field(body, "encoding_format", str, "float")
             if encoding not in ENCODING_FORMATS:
                 raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
-            dimensions = _field(body, "dimensions", int, None)
-            if dimensions is not None and not 1 <= dimensions <= model.info.dim:
-                raise ParamError(f"'dimensions' must be between 1 and {model.info.dim}, not {dimensions}", "dimensions")
-            if dimensions is not None:  # OpenAI's body has no place for it: a header says whether it was trained
-                trained = b"true" if model.info.trained_at(dimensions) else b"false"
-                scope["embed.headers"] = [(DIMENSIONS_TRAINED, trained)]
-            normalize = _field(body, "normalize", bool, True)
-            truncate = _field(body, "truncate", bool, self.auto_truncate)
             _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it
-            pipeline = model.pipeline
-            if len(inputs) > pipeline.limits.max_client_batch_size:
-                # Within this block its body's places stay held (its memory is that of a call reading a
-                # body) until the last part is answered.
-                embedded = await self._in_parts(inputs, model, truncate, normalize, dimensions, client, receive)
-            else:
-                tokenized = await self._tokenized(inputs, model, truncate, client)
-        finally:
-            del body
-            for ticket in tickets:
-                ticket.release()  # a request of the pipeline's size: only its token rows wait for the batch
-        if embedded is None:
-            result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
-            embedded = (result.embeddings, sum(result.token_counts))
-        rows, tokens = np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1]
+            return encoding
+
+        call, rows, tokens, encoding = await self._embedded(scope, receive, client, "input", openai_fields)
         if encoding == "base64":
             embeddings: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
         else:
@@ -425,45 +416,90 @@ class HttpApi:
         response = {
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(embeddings)],
-            "model": model.name,
+            "model": call.model.name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
         return 200, orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    async def _tokenized(
-        self, inputs: list[Any], model: ServedModel, truncate: bool, client: str, first: int = 0
-    ) -> Tokenized:
+    async def _embed(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
+        """text-embeddings-inference's `/embed` (and `/`): `inputs` in, a bare list of float vectors out."""
+
+        def tei_fields(body: dict[str, Any]) -> None:
+            direction = _field(body, "truncation_direction", str, "right")
+            if direction.lower() != "right":
+                raise ParamError(f"'truncation_direction' must be right, not {direction!r}: inputs are cut at the "
+                                 "end only", "truncation_direction")  # fmt: skip
+            if _field(body, "prompt_name", str, None) is not None:
+                raise ParamError("'prompt_name': the served models have no prompts; prepend the text", "prompt_name")
+
+        _, rows, _, _ = await self._embedded(scope, receive, client, "inputs", tei_fields)
+        return 200, orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def _embedded(
+        self, scope: dict[str, Any], receive: Any, client: str, field: str, own_fields: Callable[[dict[str, Any]], T]
+    ) -> tuple[EmbedCall, np.ndarray, int, T]:
+        """The embedding routes' shared work: the body read and admitted, the fields both routes share read
+        (``own_fields`` reads the route's own), the inputs of ``field`` embedded, in parts beyond the
+        pipeline's limit. Returns the call, the embeddings (float32 rows), their token count, and what
+        ``own_fields`` returned."""
+        body, tickets = await self._read_json(scope, receive, client)
+        embedded: tuple[np.ndarray, int] | None = None  # (embeddings, tokens) of a request run in parts
+        try:
+            model = self.state.resolve(_field(body, "model", str, "") or "")
+            scope["embed.model"] = model.name  # for the metrics' model label
+            inputs = parse_input(body.get(field), field)
+            if len(inputs) > self.max_inputs:  # OpenAI's clients split lists by a size
+                most = self.max_inputs
+                raise ParamError(f"'{field}' holds {len(inputs)} items, more than {most}; send at most {most} a "
+                                 "request (LangChain's chunk_size, LlamaIndex's embed_batch_size)", field)  # fmt: skip
+            own = own_fields(body)
+            dimensions = _field(body, "dimensions", int, None)
+            if dimensions is not None and not 1 <= dimensions <= model.info.dim:
+                raise ParamError(f"'dimensions' must be between 1 and {model.info.dim}, not {dimensions}", "dimensions")
+            if dimensions is not None:  # neither answer has a place for it: a header says whether it was trained
+                trained = b"true" if model.info.trained_at(dimensions) else b"false"
+                scope["embed.headers"] = [(DIMENSIONS_TRAINED, trained)]
+            normalize = _field(body, "normalize", bool, True)
+            truncate = _field(body, "truncate", bool, self.auto_truncate)
+            call = EmbedCall(model, field, truncate, normalize, dimensions, client)
+            if len(inputs) > model.pipeline.limits.max_client_batch_size:
+                # Within this block its body's places stay held (its memory is that of a call reading a
+                # body) until the last part is answered.
+                embedded = await self._in_parts(call, inputs, receive)
+            else:
+                tokenized = await self._tokenized(call, inputs)
+        finally:
+            del body
+            for ticket in tickets:
+                ticket.release()  # a request of the pipeline's size: only its token rows wait for the batch
+        if embedded is None:
+            result = await model.pipeline.compute(tokenized, normalize, None, client, dimensions)
+            embedded = (result.embeddings, sum(result.token_counts))
+        return call, np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1], own
+
+    async def _tokenized(self, call: EmbedCall, inputs: list[Any], first: int = 0) -> Tokenized:
         """Texts tokenized, or token id rows checked, as one request of the pipeline's size; ``first`` is the
         index of ``inputs[0]`` in the request, for the messages."""
         if not isinstance(inputs[0], str):
-            return Tokenized(token_rows(inputs, model), [], 0.0)
+            return Tokenized(token_rows(inputs, call.model, call.field), [], 0.0)
         try:
-            return await model.pipeline.tokenize(inputs, truncate, client)
-        except BadInput as e:  # OpenAI's field is `input`
-            raise ParamError(f"input[{first + e.index}] {e.problem}", "input") from None
+            return await call.model.pipeline.tokenize(inputs, call.truncate, call.client)
+        except BadInput as e:  # the request's field (`input`), where gRPC's message names `inputs`
+            raise ParamError(f"{call.field}[{first + e.index}] {e.problem}", call.field) from None
 
-    async def _in_parts(
-        self,
-        inputs: list[Any],
-        model: ServedModel,
-        truncate: bool,
-        normalize: bool,
-        dimensions: int | None,
-        client: str,
-        receive: Any,
-    ) -> tuple[np.ndarray, int]:
+    async def _in_parts(self, call: EmbedCall, inputs: list[Any], receive: Any) -> tuple[np.ndarray, int]:
         """A request over the pipeline's limit, as consecutive requests of that size: the same queue, fairness
         and refusals as separate requests, one part in the queue at a time. A client that goes away stops it."""
-        pipeline = model.pipeline
+        pipeline = call.model.pipeline
         part = pipeline.limits.max_client_batch_size
         starts = range(0, len(inputs), part)
         texts = isinstance(inputs[0], str)
-        rows = [] if texts else token_rows(inputs, model)  # token ids: checked and made once, for every part
+        rows = [] if texts else token_rows(inputs, call.model, call.field)  # checked and made once, for every part
         try:  # the cheap checks of every text first, so that a bad one costs no computing
             for start in starts if texts else ():
                 validate(inputs[start : start + part], pipeline.limits)
         except BadInput as e:
-            raise ParamError(f"input[{start + e.index}] {e.problem}", "input") from None
+            raise ParamError(f"{call.field}[{start + e.index}] {e.problem}", call.field) from None
         gone = asyncio.ensure_future(receive())  # completes when the client disconnects
         try:
             embeddings, tokens = [], 0
@@ -471,10 +507,10 @@ class HttpApi:
                 if _went_away(gone):
                     raise Cancelled("the client went away")
                 if texts:
-                    tokenized = await self._tokenized(inputs[start : start + part], model, truncate, client, start)
+                    tokenized = await self._tokenized(call, inputs[start : start + part], start)
                 else:
                     tokenized = Tokenized(rows[start : start + part], [], 0.0)
-                result = await pipeline.compute(tokenized, normalize, None, client, dimensions)
+                result = await pipeline.compute(tokenized, call.normalize, None, call.client, call.dimensions)
                 embeddings.append(result.embeddings)
                 tokens += sum(result.token_counts)
             return np.concatenate(embeddings), tokens

@@ -18,6 +18,7 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
+from huggingface_hub import InferenceClient
 
 from server.http import openapi_document
 from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, server_config
@@ -125,6 +126,31 @@ def test_dimensions_keep_the_first_components_renormalised(served_http: ServerTh
     for bad in (0, 33, "8"):
         response = post(served_http, {"input": TEXTS, "dimensions": bad})
         assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
+
+
+def test_tei_clients_get_the_same_embeddings_from_embed_and_the_root(served_http: ServerThread) -> None:
+    """text-embeddings-inference's route, called by huggingface_hub's InferenceClient at a server's base URL
+    and at /embed: `inputs` in, a bare list of vectors out, equal to /v1/embeddings; the same dimensions,
+    parts and limits, with errors that name TEI's fields."""
+    want = np.array([d["embedding"] for d in post(served_http, {"input": TEXTS}).json()["data"]])
+    for url in (base_url(served_http), base_url(served_http) + "/embed"):
+        got = InferenceClient(model=url, token=TOKEN).feature_extraction(TEXTS)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    raw = InferenceClient(model=base_url(served_http), token=TOKEN).feature_extraction(TEXTS[0], normalize=False)
+    assert raw.shape == (1, want.shape[1]) and not np.isclose(np.linalg.norm(raw), 1.0, atol=1e-3)
+    short = post(served_http, {"inputs": TEXTS, "dimensions": 8}, path="/embed")
+    conforms(short.json(), "EmbedResponse")
+    assert short.headers["x-dimensions-trained"] in ("true", "false")
+    np.testing.assert_allclose(np.linalg.norm(np.array(short.json()), axis=1), 1.0, atol=1e-5)
+    many = [f"text number {i}" for i in range(11)]  # over the pipeline's 8: embedded in parts
+    by_openai = [d["embedding"] for d in post(served_http, {"input": many}).json()["data"]]
+    np.testing.assert_allclose(post(served_http, {"inputs": many}, path="/embed").json(), by_openai, atol=1e-6)
+    blank = post(served_http, {"inputs": [*many, " "]}, path="/embed").json()["error"]
+    assert (blank["message"], blank["param"]) == ("inputs[11] is empty or only whitespace", "inputs")
+    for field, value in (("truncation_direction", "left"), ("prompt_name", "query"), ("inputs", None)):
+        refused = post(served_http, {"inputs": "ok", field: value}, path="/embed")
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+    assert post(served_http, {"inputs": "ok", "truncation_direction": "Right"}, path="/embed").status_code == 200
 
 
 @pytest.mark.parametrize(
