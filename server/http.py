@@ -275,6 +275,8 @@ class HttpApi:
         if scope["type"] != "http":  # lifespan is off; websockets are not served
             return
         method, path = scope["method"], scope["path"]
+        if method == "HEAD":  # GET's answer without its body (RFC 9110, 9.3.2): uvicorn drops the body
+            method = "GET"
         origin = self._cors_origin(scope) if self._cors_origins else None
         if method == "OPTIONS" and origin is not None:
             await self._preflight(scope, send, origin)
@@ -286,7 +288,7 @@ class HttpApi:
         route = self._routes.get((method, path))
         if route is None:
             allowed = self._methods_of(path)
-            status, body = self._no_route(method, path, allowed)
+            status, body = self._no_route(scope["method"], path, allowed)
             # A 405 names the methods the path takes (RFC 9110, 15.5.6).
             extra = [(b"allow", ", ".join(allowed).encode())] if allowed else []
             await _respond(send, status, body, self.state.draining, origin, extra)
@@ -312,7 +314,8 @@ class HttpApi:
         await _respond(send, status, body, self.state.draining, origin, answer_headers)
 
     def _methods_of(self, path: str) -> list[str]:
-        return sorted({m for m, p in self._routes if p == path} | ({"GET"} if path in OPEN_ROUTES else set()))
+        methods = {m for m, p in self._routes if p == path} | ({"GET"} if path in OPEN_ROUTES else set())
+        return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
     def _no_route(self, method: str, path: str, allowed: list[str]) -> tuple[int, bytes]:
         if allowed:

@@ -128,6 +128,20 @@ def test_dimensions_keep_the_first_components_renormalised(served_http: ServerTh
         assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
 
 
+def test_head_answers_what_get_answers_without_the_body(served_http: ServerThread) -> None:
+    """RFC 9110 asks every server for HEAD where it serves GET: probes and monitors send it."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=base_url(served_http), timeout=10) as http:  # one keep-alive connection
+        for path, token in (("/health", {}), ("/ready", {}), ("/v1/models", headers), ("/info", headers)):
+            got, head = http.get(path, headers=token), http.head(path, headers=token)
+            assert (head.status_code, head.content) == (200, b""), path
+            assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content)), path
+        assert http.head("/v1/models").status_code == 401  # the same bearer token as GET
+        refused = http.head("/v1/embeddings")
+        assert (refused.status_code, refused.headers["allow"], refused.content) == (405, "POST", b"")
+        assert http.get("/health").json() == {"status": "ok"}  # the connection's next answer is intact
+
+
 def test_tei_clients_get_the_same_embeddings_from_embed_and_the_root(served_http: ServerThread) -> None:
     """text-embeddings-inference's route, called by huggingface_hub's InferenceClient at a server's base URL
     and at /embed: `inputs` in, a bare list of vectors out, equal to /v1/embeddings; the same dimensions,
@@ -494,7 +508,7 @@ def test_models_info_health_and_openapi(served_http: ServerThread, tiny_artifact
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert wrong_method.json()["error"]["message"] == "/v1/embeddings takes POST, not GET"
     posted_health = httpx.post(base_url(served_http) + "/health")
-    assert posted_health.status_code == 405 and posted_health.headers["allow"] == "GET"
+    assert posted_health.status_code == 405 and posted_health.headers["allow"] == "GET, HEAD"
     # A base URL without /v1, or a trailing slash: the 404 says where the route is.
     for slip in ("/embeddings", "/v1/embeddings/", "/embeddings/"):
         answer = post(served_http, {"input": "x"}, path=slip)
