@@ -16,7 +16,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, traffic, workers_reading
+from bench.measure import ROOT, cpu_name, merge_counts, traffic, workers_reading
 from bench.report import table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -98,7 +97,7 @@ def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str
 
 
 def errors(*readings: dict[str, Any]) -> str:
-    kinds = sum((Counter(r.get("error_kinds", {})) for r in readings), Counter())
+    kinds = merge_counts(r.get("error_kinds", {}) for r in readings)
     return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
@@ -209,6 +209,11 @@ def load_sweep(target: str, concurrencies: Sequence[int], *args: Any, **options:
     return [load(target, concurrency, *args, **options) for concurrency in concurrencies]
 
 
+def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Error counts by kind, added up."""
+    return dict(sum((Counter(one) for one in counts), Counter()))
+
+
 def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
     """Several load generators' readings as one: rates added, percentiles over every request's latency."""
     ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
@@ -221,7 +226,7 @@ def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
         "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
         "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
         "errors": sum(r["errors"] for r in readings),
-        "error_kinds": dict(sum((Counter(r["error_kinds"]) for r in readings), Counter())),
+        "error_kinds": merge_counts(r["error_kinds"] for r in readings),
     }
 
 

@@ -127,6 +127,10 @@ def table(header: list[str], rows: list[list[Any]], numeric_from: int = 1) -> st
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
+def targets_table(r: dict[str, Any]) -> str:
+    return table(["target", "measured", "bar", "met"], [[*row[:3], MET_LABELS[row[3]]] for row in targets(r)], 4)
+
+
 def sweep_rows(
     batched: list[dict[str, Any]], unbatched: list[dict[str, Any]] | None, ceiling: float
 ) -> list[list[str]]:
@@ -174,7 +178,7 @@ def gpu_text(r: dict[str, Any], out: Path) -> str:
     m = cuda["machine"]
     text = (f"On a machine with an NVIDIA GPU, by `{cuda['command']}` on {m['date']} ({m['cpu']}, {m['cores']} cores; "
             "every figure in [gpu/benchmarks.md](gpu/benchmarks.md)), the targets on the CUDA execution provider:\n\n"
-            + table(["target", "measured", "bar", "met"], [[*row[:3], MET_LABELS[row[3]]] for row in targets(cuda)], 4))  # fmt: skip
+            + targets_table(cuda))  # fmt: skip
     check = json.loads((gpu / "gpu-check.json").read_text()) if (gpu / "gpu-check.json").exists() else {}
     if "parity" in check:
         run = check["parity"]["run"]
@@ -262,7 +266,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     return model_values(r) | {f"m_{k}": v for k, v in model_values(m).items()} | {
         "one_thread": one_thread_text(r["settings"]["one_thread_batch_tokens"]),
         "protocol_seconds": f"{r['settings']['duration_per_level_s'] / 2:g}",
-        "targets_table": table(["target", "measured", "bar", "met"], [[*row[:3], MET_LABELS[row[3]]] for row in targets(r)], 4),
+        "targets_table": targets_table(r),
         "batch8_table": table(["clients", "texts/s", "p50 ms (request)", "p99 ms (request)", "of ceiling"],
                               sweep_rows(r["server_batch8"], None, raw), 0),
         "workers_table": workers_table(w),

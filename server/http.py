@@ -222,6 +222,25 @@ def token_rows(rows: list[list[int]], model: ServedModel, field: str = "input") 
     return [np.asarray(row, dtype=np.int64) for row in rows]
 
 
+def _openai_fields(body: dict[str, Any]) -> str:
+    """`/v1/embeddings`' own fields: its encoding_format; `user` accepted and ignored, as OpenAI documents it."""
+    encoding: str = _field(body, "encoding_format", str, "float")
+    if encoding not in ENCODING_FORMATS:
+        raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
+    _field(body, "user", str, None)
+    return encoding
+
+
+def _tei_fields(body: dict[str, Any]) -> None:
+    """`/embed`'s own fields, checked: texts are cut at the end only, and the models have no prompts."""
+    direction = _field(body, "truncation_direction", str, "right")
+    if direction.lower() != "right":
+        raise ParamError(f"'truncation_direction' must be right, not {direction!r}: inputs are cut at the end only",
+                         "truncation_direction")  # fmt: skip
+    if _field(body, "prompt_name", str, None) is not None:
+        raise ParamError("'prompt_name': the served models have no prompts; prepend the text", "prompt_name")
+
+
 @dataclass(frozen=True)
 class EmbedCall:
     """What one embedding request asked for, beside its inputs."""
@@ -403,15 +422,7 @@ class HttpApi:
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         """OpenAI's `/v1/embeddings`."""
-
-        def openai_fields(body: dict[str, Any]) -> str:
-            encoding: str = _field(body, "encoding_format", str, "float")
-            if encoding not in ENCODING_FORMATS:
-                raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
-            _field(body, "user", str, None)  # accepted and ignored, as OpenAI documents it
-            return encoding
-
-        call, rows, tokens, encoding = await self._embedded(scope, receive, client, "input", openai_fields)
+        call, rows, tokens, encoding = await self._embedded(scope, receive, client, "input", _openai_fields)
         if encoding == "base64":
             embeddings: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
         else:
@@ -426,16 +437,7 @@ class HttpApi:
 
     async def _embed(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         """text-embeddings-inference's `/embed` (and `/`): `inputs` in, a bare list of float vectors out."""
-
-        def tei_fields(body: dict[str, Any]) -> None:
-            direction = _field(body, "truncation_direction", str, "right")
-            if direction.lower() != "right":
-                raise ParamError(f"'truncation_direction' must be right, not {direction!r}: inputs are cut at the "
-                                 "end only", "truncation_direction")  # fmt: skip
-            if _field(body, "prompt_name", str, None) is not None:
-                raise ParamError("'prompt_name': the served models have no prompts; prepend the text", "prompt_name")
-
-        _, rows, _, _ = await self._embedded(scope, receive, client, "inputs", tei_fields)
+        _, rows, _, _ = await self._embedded(scope, receive, client, "inputs", _tei_fields)
         return 200, orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
 
     async def _embedded(
