@@ -5,10 +5,10 @@ The only module that knows HTTP and JSON; it goes through the same admission, pi
 metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors to HTTP statuses.
 
 Routes: ``POST /v1/embeddings``, ``POST /embed`` and ``POST /`` (text-embeddings-inference's request and
-answer, for its clients), ``GET /v1/models``, ``GET /info``, ``POST /tokenize`` (each input's
-tokens with their character offsets, untruncated), ``GET /health`` (liveness: the
-process answers), ``GET /ready`` (readiness: 503 until every model is loaded and warm, and from the
-moment a drain starts), ``GET /openapi.json``.
+answer, for its clients), ``GET /v1/models`` and ``GET /v1/models/{model}``, ``GET /info``,
+``POST /tokenize`` (each input's tokens with their character offsets, untruncated), ``GET /health``
+(liveness: the process answers), ``GET /ready`` (readiness: 503 until every model is loaded and warm,
+and from the moment a drain starts), ``GET /openapi.json``.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ T = TypeVar("T")
 Header = tuple[bytes, bytes]
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
+MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
 CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does not list its own
 ENCODING_FORMATS = ("float", "base64")
@@ -114,6 +115,11 @@ class ParamError(InvalidInput):
 def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
     """A request header's value (ASGI names are lower-case), or None."""
     return next((v for k, v in scope["headers"] if k == name), None)
+
+
+def _model_object(name: str, exported_at: int) -> dict[str, Any]:
+    """A served model as OpenAI describes one; `created` is when it was exported."""
+    return {"id": name, "object": "model", "created": exported_at, "owned_by": "embedding-service"}
 
 
 def error_body(error: EmbedError) -> tuple[int, bytes]:
@@ -305,6 +311,9 @@ class HttpApi:
             await _respond(send, status, body, self.state.draining, origin)
             return
         route = self._routes.get((method, path))
+        label = f"{method} {path}"  # the metrics' method
+        if route is None and method == "GET" and path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE:
+            route, label = self._model, "GET /v1/models/{model}"  # one series, whatever names clients try
         if route is None:
             allowed = self._methods_of(path)
             status, body = self._no_route(scope["method"], path, allowed)
@@ -328,12 +337,14 @@ class HttpApi:
         finally:
             self.state.in_flight -= 1
         model = scope.get("embed.model", "")
-        self.metrics.answered("http", f"{method} {path}", str(status), model, time.perf_counter() - started)
+        self.metrics.answered("http", label, str(status), model, time.perf_counter() - started)
         answer_headers: Sequence[Header] = scope.get("embed.headers", ()) if status == 200 else ()
         await _respond(send, status, body, self.state.draining, origin, answer_headers)
 
     def _methods_of(self, path: str) -> list[str]:
-        methods = {m for m, p in self._routes if p == path} | ({"GET"} if path in OPEN_ROUTES else set())
+        methods = {m for m, p in self._routes if p == path}
+        if path in OPEN_ROUTES or (path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE):
+            methods.add("GET")
         return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
     def _no_route(self, method: str, path: str, allowed: list[str]) -> tuple[int, bytes]:
@@ -390,11 +401,14 @@ class HttpApi:
 
     async def _models(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         self.state.resolve("")  # NotReady while loading
-        data = [
-            {"id": name, "object": "model", "created": model.info.exported_at, "owned_by": "embedding-service"}
-            for name, model in self.state.models.items()
-        ]
+        data = [_model_object(name, model.info.exported_at) for name, model in self.state.models.items()]
         return 200, orjson.dumps({"object": "list", "data": data})
+
+    async def _model(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
+        """OpenAI's retrieve: one model by a name it is served under (uvicorn has decoded a %2F to /)."""
+        model = self.state.resolve(scope["path"].removeprefix(MODEL_ROUTE))  # NotReady while loading
+        scope["embed.model"] = model.name
+        return 200, orjson.dumps(_model_object(model.name, model.info.exported_at))
 
     async def _info_route(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         self.state.resolve("")

@@ -516,6 +516,34 @@ def test_models_info_health_and_openapi(served_http: ServerThread, tiny_artifact
         assert "did you mean POST /v1/embeddings?" in answer.json()["error"]["message"], slip
 
 
+def test_a_model_is_retrieved_by_any_name_it_is_served_under(tiny_artifacts: Path, tiny_bert_artifacts: Path) -> None:
+    """OpenAI's `models.retrieve`: a model named by its manifest id (the client sends the slash of
+    "test/tiny-bert" as %2F; curl would send it as it is) or by the id's last part, answered with its
+    served name; an unknown name is 404 model_not_found; the metrics keep one series for the route."""
+    server = ServerThread(server_config(tiny_artifacts, model=(str(tiny_artifacts), str(tiny_bert_artifacts))))
+    try:
+        openai_client = openai.OpenAI(base_url=f"{base_url(server)}/v1", api_key="unused", max_retries=0)
+        assert list(server.server.state.models) == ["wordnet-encoder", "test/tiny-bert"]
+        for name, served in (("wordnet-encoder",) * 2, ("test/tiny-bert",) * 2, ("tiny-bert", "test/tiny-bert")):
+            model = openai_client.models.retrieve(name)
+            assert (model.id, model.object, model.owned_by) == (served, "model", "embedding-service"), name
+            raw = httpx.get(f"{base_url(server)}/v1/models/{name}")
+            assert raw.status_code == 200 and raw.json()["id"] == served, name
+            conforms(raw.json(), "Model")
+        with pytest.raises(openai.NotFoundError) as refused:
+            openai_client.models.retrieve("no-such-model")
+        assert refused.value.body["code"] == "model_not_found"  # type: ignore[index]
+        assert "'no-such-model'" in refused.value.body["message"]  # type: ignore[index]
+        posted = httpx.post(f"{base_url(server)}/v1/models/wordnet-encoder")
+        assert posted.status_code == 405 and posted.headers["allow"] == "GET, HEAD"
+        requests = server.server.metrics.requests
+        assert counter(requests, "GET /v1/models/{model}", "200") == 6
+        assert counter(requests, "GET /v1/models/{model}", "404") == 1
+        assert not any("tiny-bert" in s.labels["method"] for f in requests.collect() for s in f.samples)
+    finally:
+        server.stop()
+
+
 def test_curl_posts_embeddings(served_http: ServerThread) -> None:
     headers = ["-H", f"Authorization: Bearer {TOKEN}", "-H", "Content-Type: application/json"]
     data = ["-d", '{"input": "the cat sat on the mat", "model": ""}']
