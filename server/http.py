@@ -96,6 +96,7 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
 OPENAPI = Path(__file__).parent / "openapi.json"
 T = TypeVar("T")
 Header = tuple[bytes, bytes]
+Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
 MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
@@ -286,7 +287,7 @@ class HttpApi:
         self.max_inputs = max_inputs  # per /v1/embeddings request; beyond the pipeline's own limit, in parts
         self._cors_any = "*" in cors_origins
         self._cors_origins = frozenset(origin.encode() for origin in cors_origins)
-        self._routes: dict[tuple[str, str], Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]] = {
+        self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/embeddings"): self._embeddings,
             ("POST", "/embed"): self._embed,
             ("POST", "/"): self._embed,  # TEI answers embeddings at its root too (huggingface_hub posts there)
@@ -310,10 +311,7 @@ class HttpApi:
             status, body = self._open_route(path)
             await _respond(send, status, body, self.state.draining, origin)
             return
-        route = self._routes.get((method, path))
-        label = f"{method} {path}"  # the metrics' method
-        if route is None and method == "GET" and path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE:
-            route, label = self._model, "GET /v1/models/{model}"  # one series, whatever names clients try
+        route, label = self._route(method, path)
         if route is None:
             allowed = self._methods_of(path)
             status, body = self._no_route(scope["method"], path, allowed)
@@ -341,6 +339,13 @@ class HttpApi:
         answer_headers: Sequence[Header] = scope.get("embed.headers", ()) if status == 200 else ()
         await _respond(send, status, body, self.state.draining, origin, answer_headers)
 
+    def _route(self, method: str, path: str) -> tuple[Route | None, str]:
+        """The handler of a request, and its name in the metrics' method label."""
+        route = self._routes.get((method, path))
+        if route is None and method == "GET" and path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE:
+            return self._model, "GET /v1/models/{model}"  # one series, whatever names clients try
+        return route, f"{method} {path}"
+
     def _methods_of(self, path: str) -> list[str]:
         methods = {m for m, p in self._routes if p == path}
         if path in OPEN_ROUTES or (path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE):
@@ -358,7 +363,7 @@ class HttpApi:
     def _did_you_mean(self, method: str, path: str) -> str:
         """A hint for the usual slips: a base URL without /v1, or a trailing slash."""
         for candidate in (path.rstrip("/"), "/v1" + path.rstrip("/")):
-            if candidate != path and (method, candidate) in self._routes:
+            if candidate != path and self._route(method, candidate)[0] is not None:
                 return f"; did you mean {method} {candidate}? (an OpenAI client's base_url ends in /v1)"
         return ""
 

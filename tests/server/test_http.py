@@ -514,6 +514,9 @@ def test_models_info_health_and_openapi(served_http: ServerThread, tiny_artifact
         answer = post(served_http, {"input": "x"}, path=slip)
         assert answer.status_code == 404, slip
         assert "did you mean POST /v1/embeddings?" in answer.json()["error"]["message"], slip
+    slipped = httpx.get(base_url(served_http) + "/models/wordnet-encoder", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert slipped.status_code == 404
+    assert "did you mean GET /v1/models/wordnet-encoder?" in slipped.json()["error"]["message"]
 
 
 def test_a_model_is_retrieved_by_any_name_it_is_served_under(tiny_artifacts: Path, tiny_bert_artifacts: Path) -> None:
