@@ -63,7 +63,7 @@ def from_response(response: embedding_pb2.EmbedResponse) -> EmbedResult:
 
 
 def joined(results: Sequence[EmbedResult], split: Sequence[tuple[int, list[str]]]) -> EmbedResult:
-    """The results of the parts ``parts`` made of one list, as the list's one result."""
+    """The results of the parts ``split`` made of one list (each part's start and texts), as the list's one result."""
     if len(results) == 1:
         return results[0]
     starts = [start for start, _ in split]

@@ -118,6 +118,12 @@ def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
     return next((v for k, v in scope["headers"] if k == name), None)
 
 
+def _model_name(path: str) -> str | None:
+    """The name in a `/v1/models/{model}` path (it may hold slashes), else None."""
+    name = path.removeprefix(MODEL_ROUTE)
+    return name if name and name != path else None
+
+
 def _model_object(name: str, exported_at: int) -> dict[str, Any]:
     """A served model as OpenAI describes one; `created` is when it was exported."""
     return {"id": name, "object": "model", "created": exported_at, "owned_by": "embedding-service"}
@@ -342,13 +348,13 @@ class HttpApi:
     def _route(self, method: str, path: str) -> tuple[Route | None, str]:
         """The handler of a request, and its name in the metrics' method label."""
         route = self._routes.get((method, path))
-        if route is None and method == "GET" and path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE:
+        if route is None and method == "GET" and _model_name(path) is not None:
             return self._model, "GET /v1/models/{model}"  # one series, whatever names clients try
         return route, f"{method} {path}"
 
     def _methods_of(self, path: str) -> list[str]:
         methods = {m for m, p in self._routes if p == path}
-        if path in OPEN_ROUTES or (path.startswith(MODEL_ROUTE) and path != MODEL_ROUTE):
+        if path in OPEN_ROUTES or _model_name(path) is not None:
             methods.add("GET")
         return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
@@ -411,7 +417,7 @@ class HttpApi:
 
     async def _model(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         """OpenAI's retrieve: one model by a name it is served under (uvicorn has decoded a %2F to /)."""
-        model = self.state.resolve(scope["path"].removeprefix(MODEL_ROUTE))  # NotReady while loading
+        model = self.state.resolve(scope["path"].removeprefix(MODEL_ROUTE))  # _route sends only such paths
         scope["embed.model"] = model.name
         return 200, orjson.dumps(_model_object(model.name, model.info.exported_at))
 
