@@ -14,6 +14,7 @@ import os
 import random
 from typing import Any
 
+import gevent
 from locust import HttpUser, between, events, tag, task
 
 from loadtest.grpc_user import GrpcUser
@@ -24,14 +25,20 @@ _environment: Any = None
 
 
 @events.init.add_listener
-def _keep_environment(environment: Any, **_: Any) -> None:
+def _on_init(environment: Any, **_: Any) -> None:
     global _environment
     _environment = environment
+    # gevent's loop reads the clock when it is made and again only when it runs. Locust starts its --run-time
+    # timer right after this event, before the loop has run: without this, the timer counts from the loop's
+    # making, and a start-up longer than the run time (this file's imports and text pool on a loaded machine)
+    # ended the run as it began.
+    gevent.get_hub().loop.update_now()
 
 
 @events.quit.add_listener
 def _write_summary(exit_code: int, **_: Any) -> None:
-    """Final per-task figures as JSON (Locust's CSV files can lag the last second of a run)."""
+    """Final per-task figures and the seconds from the start to the last request, as JSON (Locust's CSV files can
+    lag the last second of a run)."""
     path = os.environ.get("LOADTEST_SUMMARY")
     if not path or _environment is None:
         return
@@ -50,6 +57,7 @@ def _write_summary(exit_code: int, **_: Any) -> None:
             for name, e in entries.items()
         },
         "total": {"requests": stats.total.num_requests, "failures": stats.total.num_failures},
+        "seconds": (stats.total.last_request_timestamp or stats.total.start_time) - stats.total.start_time,
         "errors": {str(err.error): err.occurrences for err in stats.errors.values()},
     }
     with open(path, "w") as f:

@@ -2,8 +2,8 @@
 
     python -m loadtest.run [--users 32] [--spawn-rate 8] [--duration 30s] [--reports reports]
 
-Writes Locust's CSV (reports/loadtest_*.csv) and HTML (reports/loadtest.html) reports, plus the
-final per-task figures (reports/loadtest_summary.json), and exits non-zero when any request failed.
+Writes Locust's CSV (reports/loadtest_*.csv) and HTML (reports/loadtest.html) reports, plus the final per-task
+figures and the run's length (reports/loadtest_summary.json), and exits non-zero when any request failed.
 """
 
 from __future__ import annotations

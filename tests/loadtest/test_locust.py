@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,9 @@ def test_short_locust_run_exercises_every_task_without_failures(tiny_artifacts: 
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     tasks = summary(tmp_path)["tasks"]
+    log = done.stdout[-3000:] + done.stderr[-6000:]  # Locust's own account, should a task be missing
     for task in ("Embed 1 short", "Embed 8 mixed", "Embed 2 long", "EmbedStream 5x2", "ModelInfer 4 mixed"):
-        assert tasks[task]["requests"] > 0 and tasks[task]["failures"] == 0, task
+        assert task in tasks and tasks[task]["requests"] > 0 and tasks[task]["failures"] == 0, (task, tasks, log)
     # response sizes are reported: 8 embeddings of 32 floats outweigh 1
     assert tasks["Embed 8 mixed"]["avg_response_bytes"] > 4 * tasks["Embed 1 short"]["avg_response_bytes"] > 0
     assert (tmp_path / "loadtest.html").stat().st_size > 1000
@@ -65,3 +67,24 @@ def test_the_http_user_runs_beside_the_grpc_user(tiny_artifacts: Path, tmp_path:
     tasks = summary(tmp_path)["tasks"]
     for task in ("POST /v1/embeddings 1 short", "POST /v1/embeddings 8 mixed", "Embed 1 short"):
         assert tasks[task]["requests"] > 0 and tasks[task]["failures"] == 0, task
+
+
+def test_a_start_up_slower_than_the_run_time_still_runs_for_the_run_time(tmp_path: Path) -> None:
+    """On a loaded machine Locust's start-up (imports, the text pool) can outlast --run-time; the run must still
+    last its run time, not end as it begins."""
+    locustfile = tmp_path / "slow_start.py"
+    locustfile.write_text(
+        "import gevent\n"
+        "from gevent.monkey import get_original\n"
+        "gevent.get_hub()\n"
+        "get_original('time', 'sleep')(3)  # blocks the hub, as a starved start-up does\n"
+        "from loadtest.locustfile import EmbeddingUser\n"
+    )
+    nobody = f"127.0.0.1:{free_port()}"  # every call fails at once: the run's length is Locust's alone
+    command = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--host", nobody]
+    command += ["--users", "2", "--spawn-rate", "2", "--run-time", "2s", "--only-summary"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOADTEST_SUMMARY": str(tmp_path / "loadtest_summary.json")}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = summary(tmp_path)
+    assert result["total"]["requests"] > 0, done.stderr[-3000:]
+    assert result["seconds"] > 1.5, (result["seconds"], done.stderr[-3000:])
