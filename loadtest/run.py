@@ -146,9 +146,10 @@ def local_server(model_dir: str, extra: Sequence[str] = (), source: Path = ROOT)
         process.wait(30)
 
 
-def totals(reports: Path) -> tuple[int, int]:
+def totals(reports: Path) -> tuple[int, int, float]:
+    """Requests, failures, and seconds from the start to the last request."""
     summary = json.loads((reports / "loadtest_summary.json").read_text())
-    return summary["total"]["requests"], summary["total"]["failures"]
+    return summary["total"]["requests"], summary["total"]["failures"], summary["seconds"]
 
 
 USERS = {"grpc": ["EmbeddingUser"], "http": ["HttpEmbeddingUser"], "both": ["EmbeddingUser", "HttpEmbeddingUser"]}
@@ -227,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         with local_server(args.model_dir) as server:
             code = run_locust(server.target, *locust, server.http)
-    requests, failures = totals(args.reports)
-    print(f"loadtest: {requests} requests, {failures} failed; reports in {args.reports}")
+    requests, failures, seconds = totals(args.reports)
+    print(f"loadtest: {requests} requests in {seconds:.1f} s, {failures} failed; reports in {args.reports}")
     if requests == 0:
         return 1
     return 1 if failures else code
