@@ -164,6 +164,7 @@ def run_locust(
     model_infer: bool = False,
     protocol: str = "grpc",
     http_target: str = "",
+    locustfile: Path = ROOT / "loadtest" / "locustfile.py",
 ) -> int:
     reports.mkdir(parents=True, exist_ok=True)
     command = [
@@ -172,7 +173,7 @@ def run_locust(
         "locust",
         *USERS[protocol],  # before any option: --exclude-tags would take them as tags
         "-f",
-        str(ROOT / "loadtest" / "locustfile.py"),
+        str(locustfile),
         "--headless",
         "--host",
         target,

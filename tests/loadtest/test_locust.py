@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from loadtest.run import free_port
+from loadtest.run import free_port, run_locust
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,10 +80,7 @@ def test_a_start_up_slower_than_the_run_time_still_runs_for_the_run_time(tmp_pat
         "from loadtest.locustfile import EmbeddingUser\n"
     )
     nobody = f"127.0.0.1:{free_port()}"  # every call fails at once: the run's length is Locust's alone
-    command = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--host", nobody]
-    command += ["--users", "2", "--spawn-rate", "2", "--run-time", "2s", "--only-summary"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOADTEST_SUMMARY": str(tmp_path / "loadtest_summary.json")}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    run_locust(nobody, users=2, spawn_rate=2, duration="2s", reports=tmp_path, locustfile=locustfile)
     result = summary(tmp_path)
-    assert result["total"]["requests"] > 0, done.stderr[-3000:]
-    assert result["seconds"] > 1.5, (result["seconds"], done.stderr[-3000:])
+    assert result["total"]["requests"] > 0
+    assert result["seconds"] > 1.5, result["seconds"]
