@@ -101,3 +101,18 @@ def test_the_image_with_a_model_builds_and_serves_what_make_run_does() -> None:
     for source, folder in (("/src/artifacts/", "/models/"), ("/src/artifacts/minilm/", "/models/minilm/")):
         copy = next(line for line in image.splitlines() if line.startswith("COPY") and line.endswith(f" {folder}"))
         assert {f"{source}{name}" for name in ("model.onnx", "tokenizer.json", "manifest.json")} <= set(copy.split())
+
+
+def test_every_docker_run_shown_publishes_the_ports_clients_use() -> None:
+    """gRPC, HTTP and metrics: each `docker run` of our image in the docs and the Dockerfile publishes every
+    port the image exposes except the health-only one, which its own HEALTHCHECK asks from inside."""
+    dockerfile = (K8S.parent / "Dockerfile").read_text()
+    exposed = set(next(line for line in dockerfile.splitlines() if line.startswith("EXPOSE")).split()[1:])
+    client_ports = exposed - {"50052"}
+    docs = (K8S.parents[1] / "docs" / "deploy.md").read_text()
+    runs = [line for line in (dockerfile + docs).splitlines() if "docker run" in line and "embedding-service" in line]
+    assert len(runs) >= 2, runs
+    for run in runs:
+        words = run.split()
+        published = {words[i + 1].rsplit(":", 1)[1] for i, word in enumerate(words) if word == "-p"}
+        assert client_ports <= published, f"{run!r} does not publish {sorted(client_ports - published)}"
