@@ -336,7 +336,7 @@ class HttpApi:
             raise
         except Exception as e:
             domain = e if isinstance(e, EmbedError) else _internal(e, path)
-            self._count_refusal(domain)
+            self._count_refusal(domain, scope.get("embed.model", ""))
             status, body = error_body(domain)
         finally:
             self.state.in_flight -= 1
@@ -608,12 +608,13 @@ class HttpApi:
                 ticket.release()
             raise
 
-    def _count_refusal(self, error: EmbedError) -> None:
+    def _count_refusal(self, error: EmbedError, model: str) -> None:
+        """Counts a refusal by reason, against the model the request named (empty before one was resolved)."""
         reason = nearest_entry(REASON_FOR_ERROR, error)
         if isinstance(error, NotReady):
             reason = "draining" if self.state.draining else "not_ready"
         if reason is not None:
-            self.metrics.rejected(reason)
+            self.metrics.rejected(reason, model)
 
 
 def _internal(error: Exception, path: str) -> Internal:

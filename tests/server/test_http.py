@@ -635,6 +635,21 @@ def test_http_requests_are_counted_with_their_protocol(served_http: ServerThread
     assert registry.get_sample_value("embed_request_duration_seconds_count", timed) == timed_before + 2
 
 
+def test_an_http_refusal_is_counted_against_the_model_it_named(served_http: ServerThread) -> None:
+    """As over gRPC: the dashboard's rejections, filtered by model, show both protocols' refusals."""
+    name = served_http.server.default.name
+    registry = served_http.server.metrics.registry
+
+    def refused(model: str) -> float:
+        return registry.get_sample_value("embed_rejections_total", {"reason": "invalid", "model": model}) or 0.0
+
+    before, unnamed = refused(name), refused("")
+    assert post(served_http, {"input": "x", "model": name, "dimensions": 0}).status_code == 400
+    assert post(served_http, {"input": "x", "model": "no-such-model"}).status_code == 404
+    assert refused(name) == before + 1
+    assert refused("") == unnamed + 1  # no model was resolved
+
+
 def test_tokenize_shows_each_token_where_it_came_from_and_what_embeddings_count(served_http: ServerThread) -> None:
     texts = ["Rivers carry water", "a lung " * 40]  # the second is longer than the model's 32 tokens
     response = post(served_http, {"inputs": texts}, path="/tokenize")
