@@ -1,0 +1,41 @@
+"""monitoring/README.md's metrics table against what the server exposes: every metric, with its labels."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ServerThread, request
+
+README = Path(__file__).resolve().parents[2] / "monitoring" / "README.md"
+SUFFIX = {"counter": "_total", "info": "_info"}  # the exposed name beside the family's
+
+
+def documented() -> dict[str, set[str]]:
+    """Each metric the table names, with the labels it lists."""
+    text = README.read_text()
+    table = text[text.index("| metric | type | labels | meaning |") :].split("\n\n")[0].splitlines()[2:]
+    rows: dict[str, set[str]] = {}
+    for line in table:
+        names, _, labels, _ = (cell.strip() for cell in line.strip().strip("|").split("|", 3))
+        for name in re.findall(r"`(embed_\w+)`", names):
+            rows[name] = set(re.findall(r"`(\w+)`", labels))
+    return rows
+
+
+def exposed(served: ServerThread) -> dict[str, set[str]]:
+    """Each embed_* metric the server's /metrics serves, with the labels its series carry."""
+    return {
+        family.name + SUFFIX.get(family.type, ""): {label for s in family.samples for label in s.labels} - {"le"}
+        for family in served.server.metrics.registry.collect()
+        if family.name.startswith("embed_")
+    }
+
+
+def test_the_monitoring_readme_names_every_metric_with_its_labels(served: ServerThread) -> None:
+    served.stub().Embed(request("a dog"))  # every per-request series exists once both protocols answered
+    response = httpx.post(f"http://127.0.0.1:{served.server.http_port}/v1/embeddings", json={"input": "a cat"})
+    assert response.status_code == 200
+    assert documented() == exposed(served)
