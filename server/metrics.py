@@ -110,7 +110,9 @@ class Metrics:
             ["model"],
             registry=registry,
         )
-        self.in_flight = Gauge("embed_requests_in_flight", "RPCs being served now, all models.", registry=registry)
+        self.in_flight = Gauge(
+            "embed_requests_in_flight", "Requests being served now, both protocols, all models.", registry=registry
+        )
         self.request_bytes = Gauge(
             "embed_request_bytes",
             "Bytes of request bodies held (received, not yet tokenized), all protocols and models.",
