@@ -100,7 +100,7 @@ serve: setup
 # The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else;
 # each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well);
 # in the second, each file's tests run on one worker in order (test_break_it.py counts what its fuzzing saw).
-SERVER_TIER = tests/server tests/contract tests/deploy tests/test_layers.py
+SERVER_TIER = tests/server tests/contract tests/deploy tests/test_layers.py tests/test_docs.py
 TEST_PROCESSES ?= 2
 test: dev-setup
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) -p tests.no_torch $(SERVER_TIER)
