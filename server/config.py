@@ -254,6 +254,17 @@ def _escaped(text: str) -> str:
     return text.replace("%", "%%")  # argparse formats help with %
 
 
+def _from_variable(parser: argparse.ArgumentParser, name: str, text: str, kind: Callable[[str], object]) -> object:
+    """A variable's value of its setting's type; else the usage error argparse gives a flag's bad value."""
+    try:
+        return kind(text)
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"{name}: {e}")
+    except ValueError:
+        parser.error(f"{name}: invalid {getattr(kind, '__name__', 'setting')} value: {text!r}")
+    raise AssertionError("unreachable: parser.error exits")
+
+
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m server", description="Serve text embeddings over gRPC and HTTP.")
@@ -271,7 +282,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             continue
         kind: Callable[[str], object] = parse_bool if isinstance(f.default, bool) else type(f.default)
         if env_name(f.name) in environ:
-            given[f.name] = kind(environ[env_name(f.name)])
+            given[f.name] = _from_variable(parser, env_name(f.name), environ[env_name(f.name)], kind)
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             type=kind,

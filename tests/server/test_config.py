@@ -36,6 +36,24 @@ def test_invalid_values_are_refused_with_a_clear_message(capsys: pytest.CaptureF
         ServerConfig(max_batch_size=0)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("EMBED_MAX_BATCH_SIZE", "abc", "EMBED_MAX_BATCH_SIZE: invalid int value: 'abc'"),
+        ("EMBED_MAX_DELAY_MS", "1ms", "EMBED_MAX_DELAY_MS: invalid float value: '1ms'"),
+        ("EMBED_AUTO_TRUNCATE", "maybe", "EMBED_AUTO_TRUNCATE: not a boolean: 'maybe'"),
+    ],
+)
+def test_a_variable_of_the_wrong_type_is_refused_naming_it(
+    capsys: pytest.CaptureFixture[str], variable: str, value: str, said: str
+) -> None:
+    """As argparse refuses a flag's bad value: a usage error (exit 2) naming the variable, no traceback."""
+    with pytest.raises(SystemExit) as exited:
+        parse_config([], environ={variable: value})
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
+
+
 def test_models_are_named_pairs_from_flags_or_one_variable(capsys: pytest.CaptureFixture[str]) -> None:
     assert parse_config(["--model-dir", "x"], environ={}).model_dirs() == [(None, "x")]  # named by its manifest
     pairs = parse_config(["--model", "small=a", "--model", "big=b/c"], environ={"EMBED_MODEL": "other=z"})
