@@ -8,6 +8,7 @@ beats a variable, a variable beats the default. ``--model NAME=DIR`` is repeatab
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from server.loops import EVENT_LOOPS
+
+LOG_LEVELS = {name: logging.getLevelName(name) for name in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")}
 
 # A model name travels in requests and Prometheus labels and names a Triton-style model: keep it plain.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -146,7 +149,7 @@ class ServerConfig:
     workers: int = setting(1, "server processes sharing the port (SO_REUSEPORT); worker i serves metrics on port + i")
     reuse_port: bool = setting(False, "let several processes bind the port (set for each worker by `--workers`)")
     event_loop: str = setting("uvloop", "`uvloop` or `asyncio` (the standard library's)")
-    log_level: str = setting("INFO", "Python logging level")
+    log_level: str = setting("INFO", "Python logging level: CRITICAL, ERROR, WARNING, INFO or DEBUG, in any case")
 
     def __post_init__(self) -> None:
         problems = []
@@ -154,9 +157,15 @@ class ServerConfig:
             problems.append(f"provider must be auto, cpu or cuda, not {self.provider!r}")
         if self.precision not in ("fp32", "int8", "fp16"):
             problems.append(f"precision must be fp32, int8 or fp16, not {self.precision!r}")
-        for name in ("max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_client_batch_size"):
+        at_least_one = ("max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_client_batch_size",
+                        "max_input_chars", "max_message_bytes", "tokenizer_threads")  # fmt: skip
+        for name in at_least_one:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
+        if self.intra_op_threads < 0:
+            problems.append("intra_op_threads must not be negative (0 = one per physical core)")
+        if self.log_level.upper() not in LOG_LEVELS:
+            problems.append(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if not 0.0 <= self.max_padding_ratio <= 1.0:
             problems.append("max_padding_ratio must be between 0 and 1")
         if self.max_delay_ms < 0 or self.grace_seconds < 0 or self.drain_delay_seconds < 0:
@@ -213,6 +222,10 @@ class ServerConfig:
 
     def cors_origins(self) -> tuple[str, ...]:
         return tuple(o.strip().rstrip("/") for o in self.http_cors_origins.split(",") if o.strip())
+
+    @property
+    def logging_level(self) -> int:
+        return LOG_LEVELS[self.log_level.upper()]
 
     @property
     def max_delay_seconds(self) -> float:

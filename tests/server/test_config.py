@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -34,6 +35,30 @@ def test_invalid_values_are_refused_with_a_clear_message(capsys: pytest.CaptureF
     assert "provider must be auto, cpu or cuda" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
         ServerConfig(max_batch_size=0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--tokenizer-threads", "0"], "tokenizer_threads must be at least 1"),
+        (["--max-input-chars", "0"], "max_input_chars must be at least 1"),
+        (["--max-message-bytes", "0"], "max_message_bytes must be at least 1"),
+        (["--intra-op-threads", "-2"], "intra_op_threads must not be negative"),
+        (["--log-level", "LOUD"], "log_level must be one of CRITICAL, ERROR, WARNING, INFO, DEBUG, not 'LOUD'"),
+    ],
+)
+def test_settings_that_could_not_serve_are_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_config(flags, environ={})
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_the_log_level_is_read_in_any_case() -> None:
+    assert parse_config(["--log-level", "debug"], environ={}).logging_level == logging.DEBUG
+    assert parse_config([], environ={"EMBED_LOG_LEVEL": "Warning"}).logging_level == logging.WARNING
 
 
 @pytest.mark.parametrize(
