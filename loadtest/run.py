@@ -227,8 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.target:
         code = run_locust(args.target, *locust, args.http_target)
     else:
-        with local_server(args.model_dir) as server:
-            code = run_locust(server.target, *locust, server.http)
+        try:
+            with local_server(args.model_dir) as server:
+                code = run_locust(server.target, *locust, server.http)
+        except ServerExited as e:  # the server's own log, above, says why
+            print(f"loadtest: {e} (its log above says why); no load was run", file=sys.stderr)
+            return e.code or 1
     requests, failures, seconds = totals(args.reports)
     print(f"loadtest: {requests} requests in {seconds:.1f} s, {failures} failed; reports in {args.reports}")
     if requests == 0:

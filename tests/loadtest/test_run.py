@@ -40,6 +40,15 @@ def test_a_server_that_exits_before_serving_is_reported_at_once(tmp_path: Path) 
     assert exited.value.code == 2  # missing artifacts: the configuration cannot run here
 
 
+def test_make_loadtest_without_a_model_says_so_and_exits_with_the_servers_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run.main(["--model-dir", str(tmp_path / "no-model-here"), "--reports", str(tmp_path / "reports")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "loadtest: the server exited with code 2 before it served" in err and "Traceback" not in err
+
+
 def test_waiting_for_workers_names_the_ones_that_never_loaded() -> None:
     try:
         run.wait_workers_loaded(run.free_port(), 2, timeout=0.5)
