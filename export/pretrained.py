@@ -20,7 +20,7 @@ import torch
 from contract.manifest import Manifest
 from export.artifacts import TOKENIZER_FILE, export_all, require_gates
 from model.checkpoint import CHECKPOINT
-from model.pretrained import from_pretrained
+from model.pretrained import UnsupportedCheckpoint, from_pretrained
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -58,7 +58,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     source = args.source or packaged_minilm()
     model_id = args.model_id or (None if args.source else MINILM_ID)
-    manifest = export_pretrained(source, args.out, model_id)
+    try:
+        manifest = export_pretrained(source, args.out, model_id)
+    except UnsupportedCheckpoint as e:
+        raise SystemExit(f"python -m export.pretrained: {e}") from None
     print(f"wrote {', '.join(manifest.files)} to {args.out} ({manifest.model_id})")
 
 

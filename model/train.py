@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from contract.manifest import MANIFEST_FILE, Manifest
 from model.checkpoint import encode_texts, save_checkpoint
-from model.data import DEFAULT_WORDNET_DIR, Synset, read_wordnet, split_synsets, training_side
+from model.data import DEFAULT_WORDNET_DIR, Synset, WordNetNotFound, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
 from model.distill import (
     cosine_matrix,
@@ -632,7 +632,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         variance_rotation=args.variance_rotation,
         model=replace(defaults.model, d_model=args.d_model, n_layers=args.layers, d_ff=args.d_ff),
     )
-    result = train(config)
+    try:
+        result = train(config)
+    except WordNetNotFound as e:
+        raise SystemExit(f"python -m model.train: {e}") from None
     path = save_checkpoint(result.model, result.tokenizer, result.summary, config.out_dir)
     plot_losses(result.losses, Path(config.out_dir) / "loss_curve.png")
     print(f"checkpoint: {path} ({result.summary['train_seconds']} s)")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 from export.artifacts import sha256
 from export.verify import onnx_backend, torch_backend, verify
@@ -197,3 +198,11 @@ def test_triton_repository_config_matches_the_onnx_model(tiny_artifacts: Path) -
     (output,) = config.output
     assert (output.name, output.data_type, list(output.dims)) == ("embeddings", fp32, [32])
     assert (repository / "1" / "model.onnx").read_bytes() == (tiny_artifacts / "model.onnx").read_bytes()
+
+
+def test_make_export_without_a_checkpoint_says_what_to_run(tmp_path: Path) -> None:
+    from export.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--model-dir", str(tmp_path)])
+    assert "checkpoint.pt not found" in str(exited.value.code) and "make train" in str(exited.value.code)

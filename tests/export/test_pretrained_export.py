@@ -64,3 +64,12 @@ def test_the_server_serves_it_unchanged(exported: Path, tiny_bert: Path) -> None
     assert got.shape == theirs.shape
     assert float(np.abs(got - theirs).max()) <= 1e-4
     assert info.model_id == "test/tiny-bert" and info.dim == 32 and info.max_input_length == MAX_SEQ_LENGTH
+
+
+def test_a_source_that_is_not_a_checkpoint_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    from export.pretrained import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--source", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert "config.json not found" in str(exited.value.code)
+    assert not (tmp_path / "out").exists()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -153,3 +155,11 @@ def test_the_prefix_ranking_loss_pulls_each_prefix_towards_the_full_lengths_rank
     assert on.losses != off.losses  # in the gradient when weighted, and off by default
     nowhere = train(tiny_train_config(prefix_ranking_weight=1.0, prefix_ranking_dims=()))
     assert nowhere.losses == off.losses  # on no prefix: nothing added
+
+
+def test_train_without_wordnet_says_how_to_get_it(tmp_path: Path) -> None:
+    from model.train import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--wordnet-dir", str(tmp_path), "--out-dir", str(tmp_path / "out"), "--teacher", "none"])
+    assert "wordnet-base" in str(exited.value.code)
