@@ -56,6 +56,10 @@ class HeadersTimedOut(InvalidInput):
     """A request's headers did not arrive within the header timeout (HTTP only: answered 408, then closed)."""
 
 
+class HeadTooLarge(InvalidInput):
+    """A request's line and headers over MAX_HEAD_BYTES (HTTP only: answered 431, then closed)."""
+
+
 class CompressedBody(InvalidInput):
     """A body sent with a Content-Encoding (gzip, say): refused unread, since inflating it would take memory
     its admitted size does not count (HTTP only: answered 415)."""
@@ -65,6 +69,7 @@ class CompressedBody(InvalidInput):
 STATUS_FOR_ERROR: dict[type[EmbedError], tuple[int, str]] = {
     InvalidInput: (400, "invalid_request_error"),
     HeadersTimedOut: (408, "invalid_request_error"),
+    HeadTooLarge: (431, "invalid_request_error"),
     CompressedBody: (415, "invalid_request_error"),
     UnknownModel: (404, "invalid_request_error"),
     BodyTooLarge: (413, "invalid_request_error"),
@@ -82,6 +87,7 @@ CODE_FOR_ERROR: dict[type[EmbedError], str] = {
     Overloaded: "overloaded",
     Unauthenticated: "invalid_api_key",
     HeadersTimedOut: "timeout",
+    HeadTooLarge: "request_headers_too_large",
     CompressedBody: "unsupported_content_encoding",
 }
 REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's reasons, as for gRPC
@@ -98,6 +104,8 @@ T = TypeVar("T")
 Header = tuple[bytes, bytes]
 Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
+# A request's line and headers, the most read (nginx reads 32 KiB, h11 16 KiB): a bearer token and cookies fit.
+MAX_HEAD_BYTES = 64 * 1024
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
 MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
@@ -656,6 +664,22 @@ class ServingProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _receiving_headers = False
     _close_after_request = False
+    _head_bytes = 0  # of the request head being received, after the read it began in
+
+    def data_received(self, data: bytes) -> None:
+        # httptools holds a header until it ends, so a head is bounded here, by the reads that follow the one it
+        # began in (that read's share of it is not known, and is at most one read: no pipelined request is
+        # refused for the body before it).
+        receiving = self._receiving_headers
+        super().data_received(data)
+        if receiving and self._receiving_headers:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self._refuse(HeadTooLarge(f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"))
+
+    def send_400_response(self, msg: str) -> None:
+        """Bytes httptools cannot parse as HTTP/1.1: OpenAI's error shape, where uvicorn answers plain text."""
+        self._refuse(InvalidInput("the request is not valid HTTP/1.1"))
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -664,6 +688,7 @@ class ServingProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._receiving_headers = True
+        self._head_bytes = 0
         if self._header_timer is None:  # a new request on a kept-alive connection
             self._arm_header_timer()
 
@@ -699,9 +724,12 @@ class ServingProtocol(HttpToolsProtocol):
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing():
-            return
-        error = HeadersTimedOut(f"the request headers did not arrive within {self.header_timeout:g} s")
+        if not self.transport.is_closing():
+            self._refuse(HeadersTimedOut(f"the request headers did not arrive within {self.header_timeout:g} s"))
+
+    def _refuse(self, error: EmbedError) -> None:
+        """Answers a request that never reached the app, in OpenAI's error shape, and closes the connection."""
+        self._cancel_header_timer()
         status, body = error_body(error)
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n" % (
             status,

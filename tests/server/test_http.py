@@ -479,6 +479,42 @@ def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts
         server.stop()
 
 
+def test_a_request_head_over_the_limit_gets_431_and_is_never_buffered_whole(served_http: ServerThread) -> None:
+    """httptools buffers a header until it ends: without a limit one connection held 130 MB of a header
+    before the header timeout cut it. Heads of common sizes (a long bearer token, cookies) still pass."""
+    from server.http import MAX_HEAD_BYTES
+
+    port = served_http.server.http_port
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Pad": "p" * 16_000}
+    assert httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "x"}, headers=headers).status_code == 200
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nX-Big: ")
+        sent = 0
+        # One piece at a time until the answer comes: the server has then read all that was sent, and closes
+        # cleanly (a close with unread bytes would reset the connection, and the answer with it).
+        while not select.select([sock], [], [], 0.05)[0]:
+            assert sent < 50 * MAX_HEAD_BYTES, f"{sent} bytes of one header and no answer"
+            sock.sendall(b"x" * 16384)
+            sent += 16384
+        answer = read_response(sock)
+    assert answer.startswith("HTTP/1.1 431"), answer[:200]
+    assert sent < MAX_HEAD_BYTES + 512 * 1024  # the limit, and at most the read the head began in
+    error = json.loads(answer.partition("\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_headers_too_large" and f"{MAX_HEAD_BYTES // 1024} KiB" in error["message"]
+
+
+def test_bytes_that_are_not_http_get_a_json_error_not_the_frameworks_page(served_http: ServerThread) -> None:
+    for garbage in (b"GARBAGE\r\n\r\n", b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", served_http.server.http_port), timeout=10) as sock:
+            sock.sendall(garbage)
+            answer = read_response(sock)
+            assert sock.recv(1) == b""  # closed after the answer
+        head, _, body = answer.partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 400") and "content-type: application/json" in head.lower(), answer
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"]
+
+
 def test_overload_is_429_naming_the_budget(served_http: ServerThread) -> None:
     admission = served_http.server.admission
     real = admission.max_calls
