@@ -143,7 +143,7 @@ class EmbeddingClient:
 
     def embed(
         self,
-        texts: Sequence[str],
+        texts: str | Sequence[str],
         truncate: bool = False,
         normalize: bool = True,
         model: str = "",
@@ -151,8 +151,8 @@ class EmbeddingClient:
     ) -> EmbedResult:
         """Any number of texts: a list longer than the server takes in one request (its Info's
         ``max_client_batch_size``, asked once, on the first list of more than one text) goes as consecutive
-        requests of that size."""
-        texts = list(texts)
+        requests of that size. One string is one text."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
         if len(texts) > 1 and self._max_inputs is None:
             self._max_inputs = int(self.info()["max_client_batch_size"])  # type: ignore[call-overload]
         split = parts(texts, self._max_inputs)
@@ -196,14 +196,14 @@ class AsyncEmbeddingClient:
 
     async def embed(
         self,
-        texts: Sequence[str],
+        texts: str | Sequence[str],
         truncate: bool = False,
         normalize: bool = True,
         model: str = "",
         dimensions: int | None = None,
     ) -> EmbedResult:
         """As ``EmbeddingClient.embed``: a long list goes as consecutive requests of the server's size."""
-        texts = list(texts)
+        texts = [texts] if isinstance(texts, str) else list(texts)
         if len(texts) > 1 and self._max_inputs is None:
             self._max_inputs = int((await self.info())["max_client_batch_size"])  # type: ignore[call-overload]
         split = parts(texts, self._max_inputs)

@@ -209,6 +209,19 @@ def test_the_asyncio_client_sends_a_long_list_in_parts_too(served: ServerThread)
         assert embeddings == client.embed(LONG_LIST, truncate=True).embeddings and truncated == [40, 65]
 
 
+def test_both_clients_take_one_string_as_one_text_not_as_its_characters(served: ServerThread) -> None:
+    """A str is a Sequence[str] of its characters: ``embed("a river")`` must not embed seven one-letter texts."""
+
+    async def embed_async() -> list[list[float]]:
+        async with AsyncEmbeddingClient(served.target) as client:
+            return (await client.embed("a river")).embeddings
+
+    with EmbeddingClient(served.target) as client:
+        one = client.embed("a river")
+        assert one.embeddings == client.embed(["a river"]).embeddings and len(one.token_counts) == 1
+    assert asyncio.run(embed_async()) == one.embeddings
+
+
 def test_reflection_lists_the_services(served: ServerThread) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(served.target))
     (response,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
