@@ -651,7 +651,9 @@ class ServingProtocol(HttpToolsProtocol):
     byte at a time, or nothing, would hold its connection and socket forever (slowloris). The clock
     starts when the connection opens or a request's first byte arrives, and stops when its headers are
     complete; the body has its own timeout (``HttpApi.body_timeout``). Late headers get 408 and the
-    connection is closed.
+    connection is closed. A head over MAX_HEAD_BYTES gets 431 and is closed too (httptools would hold a
+    header of any size until it ended), and bytes that are not HTTP/1.1 get 400: every answer in OpenAI's
+    error shape, where uvicorn would answer plain text.
 
     uvicorn's shutdown closes every connection without a request whose headers are complete: a request
     half-received at that moment would be lost. Here it is served, and then the connection closes.
