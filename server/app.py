@@ -181,7 +181,7 @@ class EmbeddingServer:
             uvicorn.Config(
                 self.http_api,
                 loop="none",  # this loop: the gRPC server's
-                http=protocol_class(config.http_header_timeout_seconds),
+                http=protocol_class(config.http_header_timeout_seconds, self.metrics),
                 lifespan="off",
                 # The connection is the client (admission and fair queueing): X-Forwarded-For from a
                 # local sender must not choose another client's share, and the middleware costs a call.

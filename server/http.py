@@ -106,6 +106,7 @@ Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (s
 JSON: list[Header] = [(b"content-type", b"application/json")]
 # A request's line and headers, the most read (nginx reads 32 KiB, h11 16 KiB): a bearer token and cookies fit.
 MAX_HEAD_BYTES = 64 * 1024
+HEAD_METHOD = "(request head)"  # the method label of a request answered before its head was read (408, 431, 400)
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
 MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
@@ -663,7 +664,9 @@ class ServingProtocol(HttpToolsProtocol):
     """
 
     header_timeout = 10.0  # seconds; set per server by ``protocol_class``
+    metrics: Metrics | None = None  # likewise: where a request answered before its head was read is counted
     _header_timer: asyncio.TimerHandle | None = None
+    _head_started = 0.0
     _receiving_headers = False
     _close_after_request = False
     _head_bytes = 0  # of the request head being received, after the read it began in
@@ -717,6 +720,7 @@ class ServingProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:
+        self._head_started = self.loop.time()
         self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
 
     def _cancel_header_timer(self) -> None:
@@ -733,6 +737,9 @@ class ServingProtocol(HttpToolsProtocol):
         """Answers a request that never reached the app, in OpenAI's error shape, and closes the connection."""
         self._cancel_header_timer()
         status, body = error_body(error)
+        if self.metrics is not None:
+            self.metrics.answered("http", HEAD_METHOD, str(status), "", self.loop.time() - self._head_started)
+            self.metrics.rejected("invalid")
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n" % (
             status,
             HTTPStatus(status).phrase.encode(),
@@ -772,9 +779,9 @@ class OneWriteResponses:
         return self._transport.is_closing()
 
 
-def protocol_class(header_timeout: float) -> type[ServingProtocol]:
-    """The protocol class uvicorn instantiates per connection, with this server's header timeout."""
-    return type("ServingProtocol", (ServingProtocol,), {"header_timeout": header_timeout})
+def protocol_class(header_timeout: float, metrics: Metrics | None = None) -> type[ServingProtocol]:
+    """The protocol class uvicorn instantiates per connection, with this server's header timeout and metrics."""
+    return type("ServingProtocol", (ServingProtocol,), {"header_timeout": header_timeout, "metrics": metrics})
 
 
 def openapi_document() -> dict[str, Any]:

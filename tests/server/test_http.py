@@ -473,6 +473,7 @@ def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts
         assert time.monotonic() - started < 5
         with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # sends nothing at all
             assert read_response(idle).startswith("HTTP/1.1 408")
+        assert unread_requests(server, "408") == 2  # counted as the clients got them
         # A request whose headers arrive in time is served on the same server.
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
     finally:
@@ -480,11 +481,12 @@ def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts
 
 
 def test_a_request_head_over_the_limit_gets_431_and_is_never_buffered_whole(served_http: ServerThread) -> None:
-    """httptools buffers a header until it ends: without a limit one connection held 130 MB of a header
+    """httptools buffers a header until it ends: without a limit one connection held 129 MiB of a header
     before the header timeout cut it. Heads of common sizes (a long bearer token, cookies) still pass."""
     from server.http import MAX_HEAD_BYTES
 
     port = served_http.server.http_port
+    before = unread_requests(served_http, "431")
     headers = {"Authorization": f"Bearer {TOKEN}", "X-Pad": "p" * 16_000}
     assert httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "x"}, headers=headers).status_code == 200
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -499,11 +501,19 @@ def test_a_request_head_over_the_limit_gets_431_and_is_never_buffered_whole(serv
         answer = read_response(sock)
     assert answer.startswith("HTTP/1.1 431"), answer[:200]
     assert sent < MAX_HEAD_BYTES + 512 * 1024  # the limit, and at most the read the head began in
+    assert unread_requests(served_http, "431") == before + 1  # operators see it: embed_requests_total{code="431"}
     error = json.loads(answer.partition("\r\n\r\n")[2])["error"]
     assert error["code"] == "request_headers_too_large" and f"{MAX_HEAD_BYTES // 1024} KiB" in error["message"]
 
 
+def unread_requests(server: ServerThread, code: str) -> float:
+    """Requests answered before their head was read, with this status."""
+    labels = {"protocol": "http", "method": "(request head)", "code": code, "model": ""}
+    return server.server.metrics.registry.get_sample_value("embed_requests_total", labels) or 0.0
+
+
 def test_bytes_that_are_not_http_get_a_json_error_not_the_frameworks_page(served_http: ServerThread) -> None:
+    before = unread_requests(served_http, "400")
     for garbage in (b"GARBAGE\r\n\r\n", b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n"):
         with socket.create_connection(("127.0.0.1", served_http.server.http_port), timeout=10) as sock:
             sock.sendall(garbage)
@@ -513,6 +523,7 @@ def test_bytes_that_are_not_http_get_a_json_error_not_the_frameworks_page(served
         assert head.startswith("HTTP/1.1 400") and "content-type: application/json" in head.lower(), answer
         error = json.loads(body)["error"]
         assert error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"]
+    assert unread_requests(served_http, "400") == before + 2
 
 
 def test_overload_is_429_naming_the_budget(served_http: ServerThread) -> None:
