@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ grpc_gevent.init_gevent()
 from locust import User  # noqa: E402
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc  # noqa: E402
+from server.client import Security  # noqa: E402
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE  # noqa: E402
 from server.open_inference import pb as inference_pb  # noqa: E402
 
@@ -36,6 +38,8 @@ class GrpcUser(User):
         super().__init__(environment)
         target = (self.host or "localhost:50051").removeprefix("grpc://").removeprefix("http://")
         self.channel = grpc.insecure_channel(target)
+        # The bearer token a protected server asks for, from the variable the HTTP user and server.client read.
+        self.metadata = Security(token=os.environ.get("EMBED_AUTH_TOKEN", "")).metadata()
         self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
         self.model_infer_call = self.channel.unary_unary(
             f"/{INFERENCE_SERVICE}/ModelInfer",
@@ -67,7 +71,7 @@ class GrpcUser(User):
 
     def embed(self, name: str, texts: list[str], truncate: bool = True) -> None:
         request = embedding_pb2.EmbedRequest(inputs=texts, truncate=truncate)
-        self._report(name, lambda: self.stub.Embed(request, timeout=self.timeout).ByteSize())
+        self._report(name, lambda: self.stub.Embed(request, timeout=self.timeout, metadata=self.metadata).ByteSize())
 
     def embed_stream(self, name: str, batches: list[list[str]]) -> None:
         def requests() -> Iterator[embedding_pb2.EmbedRequest]:
@@ -75,7 +79,7 @@ class GrpcUser(User):
                 yield embedding_pb2.EmbedRequest(inputs=texts, truncate=True)
 
         def call() -> int:
-            responses = list(self.stub.EmbedStream(requests(), timeout=self.timeout))
+            responses = list(self.stub.EmbedStream(requests(), timeout=self.timeout, metadata=self.metadata))
             if len(responses) != len(batches):
                 raise GrpcCallFailed(grpc.StatusCode.DATA_LOSS, f"{len(responses)} of {len(batches)} answered")
             return sum(r.ByteSize() for r in responses)
@@ -90,7 +94,7 @@ class GrpcUser(User):
         request.parameters["truncate"].bool_param = True
 
         def call() -> int:
-            response = self.model_infer_call(request, timeout=self.timeout)
+            response = self.model_infer_call(request, timeout=self.timeout, metadata=self.metadata)
             if list(response.outputs[0].shape)[:1] != [len(texts)]:
                 raise GrpcCallFailed(grpc.StatusCode.DATA_LOSS, f"shape {list(response.outputs[0].shape)}")
             return response.ByteSize()

@@ -84,3 +84,25 @@ def test_a_start_up_slower_than_the_run_time_still_runs_for_the_run_time(tmp_pat
     result = summary(tmp_path)
     assert result["total"]["requests"] > 0
     assert result["seconds"] > 1.5, result["seconds"]
+
+
+def test_both_users_present_the_bearer_token_a_protected_server_asks_for(tiny_artifacts: Path, tmp_path: Path) -> None:
+    import os
+
+    from tests.conftest import ServerThread, server_config
+
+    server = ServerThread(server_config(tiny_artifacts, auth_token="s3cret"))
+    try:
+        http = f"http://127.0.0.1:{server.server.http_port}"
+        done = subprocess.run(
+            [sys.executable, "-m", "loadtest.run", "--target", server.target, "--http-target", http,
+             "--protocol", "both", "--model-infer", "--users", "4", "--spawn-rate", "4", "--duration", "4s",
+             "--reports", str(tmp_path)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "EMBED_AUTH_TOKEN": "s3cret"},
+        )  # fmt: skip
+    finally:
+        server.stop()
+    result = summary(tmp_path)
+    assert done.returncode == 0 and result["total"]["failures"] == 0, (result["errors"], done.stderr[-3000:])
+    for task in ("Embed 1 short", "EmbedStream 5x2", "ModelInfer 4 mixed", "POST /v1/embeddings 1 short"):
+        assert result["tasks"][task]["requests"] > 0, (task, result["tasks"])
