@@ -739,7 +739,7 @@ class ServingProtocol(HttpToolsProtocol):
         status, body = error_body(error)
         if self.metrics is not None:
             self.metrics.answered("http", HEAD_METHOD, str(status), "", self.loop.time() - self._head_started)
-            self.metrics.rejected("invalid")
+            self.metrics.rejected(nearest_entry(REASON_FOR_ERROR, error) or "invalid")
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n" % (
             status,
             HTTPStatus(status).phrase.encode(),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from loadtest.run import free_port, run_locust
+from tests.conftest import ServerThread, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,10 +18,12 @@ def summary(reports: Path) -> dict:  # type: ignore[type-arg]
     return json.loads((reports / "loadtest_summary.json").read_text())
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m loadtest.run` (what `make loadtest` runs), with these variables added to the environment."""
     return subprocess.run(
-        [sys.executable, "-m", "loadtest.run", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-m", "loadtest.run", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 def test_short_locust_run_exercises_every_task_without_failures(tiny_artifacts: Path, tmp_path: Path) -> None:
@@ -87,19 +91,14 @@ def test_a_start_up_slower_than_the_run_time_still_runs_for_the_run_time(tmp_pat
 
 
 def test_both_users_present_the_bearer_token_a_protected_server_asks_for(tiny_artifacts: Path, tmp_path: Path) -> None:
-    import os
-
-    from tests.conftest import ServerThread, server_config
-
     server = ServerThread(server_config(tiny_artifacts, auth_token="s3cret"))
     try:
         http = f"http://127.0.0.1:{server.server.http_port}"
-        done = subprocess.run(
-            [sys.executable, "-m", "loadtest.run", "--target", server.target, "--http-target", http,
-             "--protocol", "both", "--model-infer", "--users", "4", "--spawn-rate", "4", "--duration", "4s",
-             "--reports", str(tmp_path)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "EMBED_AUTH_TOKEN": "s3cret"},
-        )  # fmt: skip
+        done = run(
+            *("--target", server.target, "--http-target", http, "--protocol", "both", "--model-infer"),
+            *("--users", "4", "--spawn-rate", "4", "--duration", "4s", "--reports", str(tmp_path)),
+            env={"EMBED_AUTH_TOKEN": "s3cret"},
+        )
     finally:
         server.stop()
     result = summary(tmp_path)

@@ -20,7 +20,7 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 
-from server.http import openapi_document
+from server.http import HEAD_METHOD, openapi_document
 from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, server_config
 
 TOKEN = "s3cret-http"
@@ -508,7 +508,7 @@ def test_a_request_head_over_the_limit_gets_431_and_is_never_buffered_whole(serv
 
 def unread_requests(server: ServerThread, code: str) -> float:
     """Requests answered before their head was read, with this status."""
-    labels = {"protocol": "http", "method": "(request head)", "code": code, "model": ""}
+    labels = {"protocol": "http", "method": HEAD_METHOD, "code": code, "model": ""}
     return server.server.metrics.registry.get_sample_value("embed_requests_total", labels) or 0.0
 
 
