@@ -31,7 +31,8 @@ from server.auth import BearerTokenInterceptor, server_credentials
 from server.backend import OnnxBackend
 from server.batcher import Batcher
 from server.config import ServerConfig, parse_config
-from server.http import HttpApi, protocol_class
+from server.http import HttpApi
+from server.http_connection import protocol_class
 from server.metrics import Metrics
 from server.models import VERSION, LoadedModel, ServedModel, ServingState, batch_policy, load_model
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME

@@ -1,8 +1,10 @@
 """The HTTP front end: an OpenAI-compatible `/v1/embeddings` and a few native routes, as a raw ASGI
 app served by uvicorn (httptools' parser) on the gRPC server's own event loop.
 
-The only module that knows HTTP and JSON; it goes through the same admission, pipelines, batchers and
-metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors to HTTP statuses.
+With ``server/http_fields.py`` (the requests' JSON fields) and ``server/http_connection.py`` (the HTTP/1.1
+connection beneath the app), the only modules that know HTTP and JSON; it goes through the same admission,
+pipelines, batchers and metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors
+to HTTP statuses.
 
 Routes: ``POST /v1/embeddings``, ``POST /embed`` and ``POST /`` (text-embeddings-inference's request and
 answer, for its clients), ``GET /v1/models`` and ``GET /v1/models/{model}``, ``GET /info``,
@@ -21,13 +23,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.admission import Admission, Ticket
 from server.errors import (
@@ -45,6 +45,7 @@ from server.errors import (
     UnknownModel,
     nearest_entry,
 )
+from server.http_fields import ParamError, openai_fields, optional_field, parse_input, tei_fields, token_rows
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
 from server.pipeline import Tokenized, validate
@@ -104,22 +105,10 @@ T = TypeVar("T")
 Header = tuple[bytes, bytes]
 Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
-# A request's line and headers, the most read (nginx reads 32 KiB, h11 16 KiB): a bearer token and cookies fit.
-MAX_HEAD_BYTES = 64 * 1024
-HEAD_METHOD = "(request head)"  # the method label of a request answered before its head was read (408, 431, 400)
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
 MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
 CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does not list its own
-ENCODING_FORMATS = ("float", "base64")
-
-
-class ParamError(InvalidInput):
-    """Invalid input naming the request field at fault (OpenAI's ``param``)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
@@ -152,115 +141,11 @@ def error_body(error: EmbedError) -> tuple[int, bytes]:
     return status, orjson.dumps(body)
 
 
-JSON_NAMES = {int: "an integer", str: "a string", bool: "a boolean"}
-
-
-def _field(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
-    """An optional field; JSON null counts as not given, as clients that serialise every field send it."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise ParamError(f"'{name}' must be {JSON_NAMES[kind]}; it is {json_kind(value)}", name)
-    return value
-
-
-def json_kind(value: Any) -> str:
-    """What a JSON value is, in JSON's words, for error messages."""
-    if value is None:
-        return "missing or null"
-    if isinstance(value, list):
-        return "an empty list" if not value else "a list"
-    kinds = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (dict, "an object"))
-    return next(name for kind, name in kinds if isinstance(value, kind))
-
-
-def parse_input(value: Any, field: str = "input") -> list[str] | list[list[int]]:
-    """The inputs of OpenAI's `input` (or TEI's `inputs`): a string, strings, token ids, or lists of token ids
-    -> texts or token rows."""
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list) or not value:
-        kind = json_kind(value)
-        raise ParamError(f"'{field}' must be a string, a list of strings, or token ids; it is {kind}", field)
-    forms = [_form(v) for v in value]
-    if all(form == "text" for form in forms):
-        return value
-    if all(form == "id" for form in forms):
-        return [value]
-    if all(form == "ids" for form in forms):
-        empty = next((i for i, r in enumerate(value) if not r), None)
-        if empty is None:
-            return value
-        raise ParamError(f"{field}[{empty}] is an empty list of token ids", field)
-    # Name the first item that no form of the field holds, or that differs in form from its first item.
-    i = next((i for i, form in enumerate(forms) if form is None or form != forms[0]), 0)
-    said = f"{field}[{i}] is {_what(value[i])}" + (f", {field}[0] {_what(value[0])}" if forms[i] else "")
-    raise ParamError(
-        f"'{field}' must be a string, a list of strings, a list of token ids or a list of such lists; {said}", field
-    )
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _form(item: Any) -> str | None:
-    """What an item of a list `input` is: a text, a token id, a list of token ids, or none of them."""
-    if isinstance(item, str):
-        return "text"
-    if _is_id(item):
-        return "id"
-    return "ids" if isinstance(item, list) and all(_is_id(v) for v in item) else None
-
-
-def _what(item: Any) -> str:
-    if isinstance(item, float):
-        return "a number that is not an integer"
-    if isinstance(item, list) and not all(_is_id(v) for v in item):
-        return f"a list holding {_what(next(v for v in item if not _is_id(v)))}"
-    return json_kind(item)
-
-
 def _went_away(watch: asyncio.Future[Any]) -> bool:
     """Whether a ``receive()`` awaited after the whole body has answered that the client disconnected."""
     if not watch.done() or watch.cancelled() or watch.exception() is not None:
         return False
     return bool(watch.result().get("type") == "http.disconnect")
-
-
-def token_rows(rows: list[list[int]], model: ServedModel, field: str = "input") -> list[np.ndarray]:
-    """Token id rows as the model's tokenizer makes them (special tokens included), checked against it."""
-    info = model.info
-    for i, row in enumerate(rows):
-        if len(row) > info.max_input_length:
-            raise ParamError(  # whatever `truncate` says: a cut row would lose its closing special token
-                f"{field}[{i}] has {len(row)} tokens, more than the limit of {info.max_input_length}; token ids are "
-                f"never cut, truncate or not: send at most {info.max_input_length}",
-                field,
-            )
-        if min(row) < 0 or max(row) >= info.vocab_size:
-            raise ParamError(f"{field}[{i}] holds a token id outside the vocabulary [0, {info.vocab_size})", field)
-    return [np.asarray(row, dtype=np.int64) for row in rows]
-
-
-def _openai_fields(body: dict[str, Any]) -> str:
-    """`/v1/embeddings`' own fields: its encoding_format; `user` accepted and ignored, as OpenAI documents it."""
-    encoding: str = _field(body, "encoding_format", str, "float")
-    if encoding not in ENCODING_FORMATS:
-        raise ParamError(f"'encoding_format' must be float or base64, not {encoding!r}", "encoding_format")
-    _field(body, "user", str, None)
-    return encoding
-
-
-def _tei_fields(body: dict[str, Any]) -> None:
-    """`/embed`'s own fields, checked: texts are cut at the end only, and the models have no prompts."""
-    direction = _field(body, "truncation_direction", str, "right")
-    if direction.lower() != "right":
-        raise ParamError(f"'truncation_direction' must be right, not {direction!r}: inputs are cut at the end only",
-                         "truncation_direction")  # fmt: skip
-    if _field(body, "prompt_name", str, None) is not None:
-        raise ParamError("'prompt_name': the served models have no prompts; prepend the text", "prompt_name")
 
 
 @dataclass(frozen=True)
@@ -438,13 +323,13 @@ class HttpApi:
         """TEI's `/tokenize`: what the model would read, token by token, before truncation."""
         body, tickets = await self._read_json(scope, receive, client)
         try:
-            model = self.state.resolve(_field(body, "model", str, "") or "")
+            model = self.state.resolve(optional_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name
             inputs = body.get("inputs")
             texts = [inputs] if isinstance(inputs, str) else inputs
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
                 raise ParamError("'inputs' must be a string or a non-empty list of strings", "inputs")
-            add_special_tokens = _field(body, "add_special_tokens", bool, True)
+            add_special_tokens = optional_field(body, "add_special_tokens", bool, True)
         finally:
             del body
             for ticket in tickets:
@@ -456,7 +341,7 @@ class HttpApi:
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         """OpenAI's `/v1/embeddings`."""
-        call, rows, tokens, encoding = await self._embedded(scope, receive, client, "input", _openai_fields)
+        call, rows, tokens, encoding = await self._embedded(scope, receive, client, "input", openai_fields)
         if encoding == "base64":
             embeddings: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
         else:
@@ -471,7 +356,7 @@ class HttpApi:
 
     async def _embed(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         """text-embeddings-inference's `/embed` (and `/`): `inputs` in, a bare list of float vectors out."""
-        _, rows, _, _ = await self._embedded(scope, receive, client, "inputs", _tei_fields)
+        _, rows, _, _ = await self._embedded(scope, receive, client, "inputs", tei_fields)
         return 200, orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
 
     async def _embedded(
@@ -484,7 +369,7 @@ class HttpApi:
         body, tickets = await self._read_json(scope, receive, client)
         embedded: tuple[np.ndarray, int] | None = None  # (embeddings, tokens) of a request run in parts
         try:
-            model = self.state.resolve(_field(body, "model", str, "") or "")
+            model = self.state.resolve(optional_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
             inputs = parse_input(body.get(field), field)
             if len(inputs) > self.max_inputs:  # OpenAI's clients split lists by a size
@@ -492,14 +377,14 @@ class HttpApi:
                 raise ParamError(f"'{field}' holds {len(inputs)} items, more than {most}; send at most {most} a "
                                  "request (LangChain's chunk_size, LlamaIndex's embed_batch_size)", field)  # fmt: skip
             own = own_fields(body)
-            dimensions = _field(body, "dimensions", int, None)
+            dimensions = optional_field(body, "dimensions", int, None)
             if dimensions is not None and not 1 <= dimensions <= model.info.dim:
                 raise ParamError(f"'dimensions' must be between 1 and {model.info.dim}, not {dimensions}", "dimensions")
             if dimensions is not None:  # neither answer has a place for it: a header says whether it was trained
                 trained = b"true" if model.info.trained_at(dimensions) else b"false"
                 scope["embed.headers"] = [(DIMENSIONS_TRAINED, trained)]
-            normalize = _field(body, "normalize", bool, True)
-            truncate = _field(body, "truncate", bool, self.auto_truncate)
+            normalize = optional_field(body, "normalize", bool, True)
+            truncate = optional_field(body, "truncate", bool, self.auto_truncate)
             call = EmbedCall(model, field, truncate, normalize, dimensions, client)
             if len(inputs) > model.pipeline.limits.max_client_batch_size:
                 # Within this block its body's places stay held (its memory is that of a call reading a
@@ -642,146 +527,6 @@ async def _respond(
         headers += [(b"access-control-expose-headers", DIMENSIONS_TRAINED)]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-class ServingProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request's headers, and a drain that answers
-    every request whose first bytes have arrived.
-
-    uvicorn bounds only the idle time between requests: a client that connects and sends its headers a
-    byte at a time, or nothing, would hold its connection and socket forever (slowloris). The clock
-    starts when the connection opens or a request's first byte arrives, and stops when its headers are
-    complete; the body has its own timeout (``HttpApi.body_timeout``). Late headers get 408 and the
-    connection is closed. A head over MAX_HEAD_BYTES gets 431 and is closed too (httptools would hold a
-    header of any size until it ended), and bytes that are not HTTP/1.1 get 400: every answer in OpenAI's
-    error shape, where uvicorn would answer plain text.
-
-    uvicorn's shutdown closes every connection without a request whose headers are complete: a request
-    half-received at that moment would be lost. Here it is served, and then the connection closes.
-
-    uvicorn writes a response's head and body in two writes, two sends on the socket; each request's cycle
-    writes through ``OneWriteResponses`` instead, so a response leaves in one.
-    """
-
-    header_timeout = 10.0  # seconds; set per server by ``protocol_class``
-    metrics: Metrics | None = None  # likewise: where a request answered before its head was read is counted
-    _header_timer: asyncio.TimerHandle | None = None
-    _head_started = 0.0
-    _receiving_headers = False
-    _close_after_request = False
-    _head_bytes = 0  # of the request head being received, after the read it began in
-
-    def data_received(self, data: bytes) -> None:
-        # httptools holds a header until it ends, so a head is bounded here, by the reads that follow the one it
-        # began in (that read's share of it is not known, and is at most one read: no pipelined request is
-        # refused for the body before it).
-        receiving = self._receiving_headers
-        super().data_received(data)
-        if receiving and self._receiving_headers:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self._refuse(HeadTooLarge(f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"))
-
-    def send_400_response(self, msg: str) -> None:
-        """Bytes httptools cannot parse as HTTP/1.1: OpenAI's error shape, where uvicorn answers plain text."""
-        self._refuse(InvalidInput("the request is not valid HTTP/1.1"))
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_header_timer()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._receiving_headers = True
-        self._head_bytes = 0
-        if self._header_timer is None:  # a new request on a kept-alive connection
-            self._arm_header_timer()
-
-    def on_headers_complete(self) -> None:
-        self._cancel_header_timer()
-        self._receiving_headers = False
-        previous = self.cycle
-        super().on_headers_complete()
-        if self.cycle is None or self.cycle is previous:  # no new request cycle (an upgrade refused)
-            return
-        if self._close_after_request:
-            self.cycle.keep_alive = False
-        if self.scope["method"] != "HEAD":  # a HEAD response has no body write to send the head with
-            self.cycle.transport = OneWriteResponses(self.transport)  # type: ignore[assignment]
-
-    def shutdown(self) -> None:
-        if self._receiving_headers:
-            self._close_after_request = True  # the header timeout still bounds how long this can take
-        else:
-            super().shutdown()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_header_timer()
-        super().connection_lost(exc)
-
-    def _arm_header_timer(self) -> None:
-        self._head_started = self.loop.time()
-        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
-
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_late(self) -> None:
-        self._header_timer = None
-        if not self.transport.is_closing():
-            self._refuse(HeadersTimedOut(f"the request headers did not arrive within {self.header_timeout:g} s"))
-
-    def _refuse(self, error: EmbedError) -> None:
-        """Answers a request that never reached the app, in OpenAI's error shape, and closes the connection."""
-        self._cancel_header_timer()
-        status, body = error_body(error)
-        if self.metrics is not None:
-            self.metrics.answered("http", HEAD_METHOD, str(status), "", self.loop.time() - self._head_started)
-            self.metrics.rejected(nearest_entry(REASON_FOR_ERROR, error) or "invalid")
-        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n" % (
-            status,
-            HTTPStatus(status).phrase.encode(),
-        )
-        self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
-        self.transport.close()
-
-
-class OneWriteResponses:
-    """A request cycle's view of its connection: the response's head is held until the body's first write and
-    sent with it, so the response leaves in one send (one system call, and one wake-up of the client, instead
-    of two). A "100 Continue" goes out at once: the client waits for it before sending the body.
-    """
-
-    __slots__ = ("_head", "_head_sent", "_transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._head = b""
-        self._head_sent = False  # after it every write is body: passed on as it comes
-
-    def write(self, data: bytes) -> None:
-        if self._head:
-            data, self._head, self._head_sent = self._head + data, b"", True
-        elif not self._head_sent and data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
-            self._head = data
-            return
-        self._transport.write(data)
-
-    def close(self) -> None:
-        if self._head:  # a response that failed after its head: the head goes out, as uvicorn sends it
-            self._transport.write(self._head)
-            self._head = b""
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-
-def protocol_class(header_timeout: float, metrics: Metrics | None = None) -> type[ServingProtocol]:
-    """The protocol class uvicorn instantiates per connection, with this server's header timeout and metrics."""
-    return type("ServingProtocol", (ServingProtocol,), {"header_timeout": header_timeout, "metrics": metrics})
 
 
 def openapi_document() -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -146,6 +147,24 @@ def requests_by_code(metrics) -> dict[tuple[str, str], float]:  # type: ignore[n
                 key = (s.labels["method"], s.labels["code"])
                 totals[key] = totals.get(key, 0.0) + s.value
     return totals
+
+
+def read_response(sock: socket.socket) -> str:
+    """One whole HTTP response: the head, then as many body bytes as its Content-Length says."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-head: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
 
 
 def server_config(model_dir: Path, **overrides: object) -> ServerConfig:

@@ -31,8 +31,9 @@ SERVER_LAYERS = (
     {"metrics", "workers"},
     {"pipeline"},
     {"models"},
+    {"http_fields"},
     {"service", "http"},
-    {"open_inference"},
+    {"open_inference", "http_connection"},
     {"app"},
     {"__main__"},
 )

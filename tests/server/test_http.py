@@ -20,8 +20,8 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 
-from server.http import HEAD_METHOD, openapi_document
-from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, server_config
+from server.http import openapi_document
+from tests.conftest import GatedBackend, ServerThread, counter, eventually, read_response, request, server_config
 
 TOKEN = "s3cret-http"
 SCHEMAS = openapi_document()
@@ -59,24 +59,6 @@ def post(server: ServerThread, body: object, token: str = TOKEN, path: str = "/v
 def grpc_embeddings(server: ServerThread, *texts: str) -> np.ndarray:
     response = server.stub().Embed(request(*texts), metadata=[("authorization", f"Bearer {TOKEN}")], timeout=10)
     return np.array([e.values for e in response.embeddings])
-
-
-def read_response(sock: socket.socket) -> str:
-    """One whole HTTP response: the head, then as many body bytes as its Content-Length says."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed mid-head: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-    )
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed mid-body"
-        body += chunk
-    return (head + b"\r\n\r\n" + body).decode()
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -460,72 +442,6 @@ def test_a_body_trickling_in_times_out_as_a_whole(tiny_artifacts: Path) -> None:
         server.stop()
 
 
-def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts: Path) -> None:
-    server = ServerThread(server_config(tiny_artifacts, http_header_timeout_seconds=0.5))
-    try:
-        port = server.server.http_port
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # the headers never end
-            started = time.monotonic()
-            answer = read_response(sock)
-            assert sock.recv(1) == b""  # closed after the answer
-        assert answer.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in answer, answer
-        assert time.monotonic() - started < 5
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # sends nothing at all
-            assert read_response(idle).startswith("HTTP/1.1 408")
-        assert unread_requests(server, "408") == 2  # counted as the clients got them
-        # A request whose headers arrive in time is served on the same server.
-        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
-    finally:
-        server.stop()
-
-
-def test_a_request_head_over_the_limit_gets_431_and_is_never_buffered_whole(served_http: ServerThread) -> None:
-    """httptools buffers a header until it ends: without a limit one connection held 129 MiB of a header
-    before the header timeout cut it. Heads of common sizes (a long bearer token, cookies) still pass."""
-    from server.http import MAX_HEAD_BYTES
-
-    port = served_http.server.http_port
-    before = unread_requests(served_http, "431")
-    headers = {"Authorization": f"Bearer {TOKEN}", "X-Pad": "p" * 16_000}
-    assert httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "x"}, headers=headers).status_code == 200
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nX-Big: ")
-        sent = 0
-        # One piece at a time until the answer comes: the server has then read all that was sent, and closes
-        # cleanly (a close with unread bytes would reset the connection, and the answer with it).
-        while not select.select([sock], [], [], 0.05)[0]:
-            assert sent < 50 * MAX_HEAD_BYTES, f"{sent} bytes of one header and no answer"
-            sock.sendall(b"x" * 16384)
-            sent += 16384
-        answer = read_response(sock)
-    assert answer.startswith("HTTP/1.1 431"), answer[:200]
-    assert sent < MAX_HEAD_BYTES + 512 * 1024  # the limit, and at most the read the head began in
-    assert unread_requests(served_http, "431") == before + 1  # operators see it: embed_requests_total{code="431"}
-    error = json.loads(answer.partition("\r\n\r\n")[2])["error"]
-    assert error["code"] == "request_headers_too_large" and f"{MAX_HEAD_BYTES // 1024} KiB" in error["message"]
-
-
-def unread_requests(server: ServerThread, code: str) -> float:
-    """Requests answered before their head was read, with this status."""
-    labels = {"protocol": "http", "method": HEAD_METHOD, "code": code, "model": ""}
-    return server.server.metrics.registry.get_sample_value("embed_requests_total", labels) or 0.0
-
-
-def test_bytes_that_are_not_http_get_a_json_error_not_the_frameworks_page(served_http: ServerThread) -> None:
-    before = unread_requests(served_http, "400")
-    for garbage in (b"GARBAGE\r\n\r\n", b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n"):
-        with socket.create_connection(("127.0.0.1", served_http.server.http_port), timeout=10) as sock:
-            sock.sendall(garbage)
-            answer = read_response(sock)
-            assert sock.recv(1) == b""  # closed after the answer
-        head, _, body = answer.partition("\r\n\r\n")
-        assert head.startswith("HTTP/1.1 400") and "content-type: application/json" in head.lower(), answer
-        error = json.loads(body)["error"]
-        assert error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"]
-    assert unread_requests(served_http, "400") == before + 2
-
-
 def test_overload_is_429_naming_the_budget(served_http: ServerThread) -> None:
     admission = served_http.server.admission
     real = admission.max_calls
@@ -634,39 +550,6 @@ def test_readiness_is_503_until_loaded_and_from_the_drain(tiny_artifacts: Path) 
         server.loop.call_soon_threadsafe(server.loop.stop)
 
 
-def test_the_drain_closes_kept_alive_connections_and_serves_a_request_half_received_when_it_ends(
-    tiny_artifacts: Path,
-) -> None:
-    server = ServerThread(server_config(tiny_artifacts, drain_delay_seconds=0.3))
-    port = server.server.http_port
-    body = json.dumps({"input": "sent in two parts"}).encode()
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # half the headers, before the drain
-            stopping = asyncio.run_coroutine_threadsafe(server.server.stop(5.0), server.loop)
-            eventually(lambda: server.server.state.draining, what="the drain")
-            during = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "x"})
-            # Served, and the client is told not to send on this connection again: its next request opens
-            # a new one while the server is still in rotation, instead of racing the close at the drain's end.
-            assert during.status_code == 200 and during.headers["connection"] == "close", during.headers
-
-            def refused() -> bool:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                except ConnectionRefusedError:
-                    return True
-                return False
-
-            eventually(refused, what="the HTTP listener closed at the end of the drain delay")
-            sock.sendall(b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-            answer = read_response(sock)
-            assert answer.startswith("HTTP/1.1 200") and '"embedding"' in answer, answer[:300]
-            assert sock.recv(1) == b""  # then closed
-        stopping.result(30)
-    finally:
-        server.loop.call_soon_threadsafe(server.loop.stop)
-
-
 def test_http_requests_are_counted_with_their_protocol(served_http: ServerThread) -> None:
     name = served_http.server.default.name
     labels = {"protocol": "http", "method": "POST /v1/embeddings", "code": "200", "model": name}
@@ -730,94 +613,6 @@ def test_tokenize_refuses_bad_requests_with_openai_errors(served_http: ServerThr
     assert response.json()["error"]["param"] == param
     assert post(served_http, {"inputs": "ok", "model": "nope"}, path="/tokenize").status_code == 404
     assert post(served_http, {"inputs": "ok"}, token="", path="/tokenize").status_code == 401
-
-
-class RecordingTransport(asyncio.Transport):
-    """A connection that records what the protocol writes to it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 50000)}.get(name, default)
-
-    def write(self, data: bytes) -> None:  # type: ignore[override]
-        self.writes.append(bytes(data))
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-def served_by_the_protocol(*requests: bytes) -> list[bytes]:
-    """What the server's HTTP protocol writes on one connection for these requests, each answered by an app
-    that reads the body and sends a head and a body, as the API does."""
-    import uvicorn
-    from uvicorn.server import ServerState
-
-    from server.http import protocol_class
-
-    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-
-    async def serve() -> list[bytes]:
-        config = uvicorn.Config(app, http="httptools", lifespan="off", access_log=False)
-        config.load()
-        protocol = protocol_class(10.0)(config=config, server_state=ServerState(), app_state={})
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
-        for data in requests:
-            answered = len(transport.writes)
-            protocol.data_received(data)
-            for _ in range(1000):  # every request ends in "!", so its response does
-                if len(transport.writes) > answered and transport.writes[-1].endswith(b"!"):
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError(f"no response within 10 s to {data!r}: {transport.writes}")
-        protocol.connection_lost(None)
-        return transport.writes
-
-    return asyncio.run(serve())
-
-
-def test_only_the_responses_head_is_held_never_a_later_body_write() -> None:
-    from server.http import OneWriteResponses
-
-    transport = RecordingTransport()
-    writes = OneWriteResponses(transport)
-    writes.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    writes.write(b"part one, ")
-    writes.write(b"HTTP/1.1 starts this part of the body")  # streamed: must leave now, not wait for a write
-    assert transport.writes == [b"HTTP/1.1 200 OK\r\n\r\npart one, ", b"HTTP/1.1 starts this part of the body"]
-
-
-def test_a_response_leaves_in_one_write_and_100_continue_at_once() -> None:
-    """uvicorn writes a response's head and its body separately: two sends, two wake-ups of the client."""
-    plain = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello!"
-    expecting = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nhi!"
-    writes = served_by_the_protocol(plain, expecting)
-    assert len(writes) == 3, writes
-    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\nhello!")
-    assert writes[1] == b"HTTP/1.1 100 Continue\r\n\r\n"
-    assert writes[2].startswith(b"HTTP/1.1 200 OK\r\n") and writes[2].endswith(b"\r\n\r\nhi!")
 
 
 def test_browsers_on_allowed_origins_get_cors_headers_and_others_none(
