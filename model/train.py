@@ -1,9 +1,9 @@
-"""Brief contrastive training of the encoder on WordNet, held-out evaluation and the checkpoint.
+"""Brief contrastive training of the encoder on WordNet, then its held-out evaluation and the checkpoint.
 
 Objective: symmetric InfoNCE with in-batch negatives on positive pairs (example sentence <-> its
-definition, lemma set <-> its definition). Evaluation: for each held-out example sentence, rank all
-held-out definitions by cosine similarity; recall@1, recall@10 and MRR for the untrained model, a
-TF-IDF baseline and the trained model.
+definition, lemma set <-> its definition). Evaluation (model/evaluate.py): for each held-out example
+sentence, rank all held-out definitions by cosine similarity; recall@1, recall@10 and MRR for the
+untrained model, a TF-IDF baseline, the trained model and each trained prefix, and the reference model.
 
     python -m model.train [--steps N] [--out-dir artifacts] [--wordnet-dir /usr/share/wordnet]
     python -m model.train --teacher artifacts/minilm   # distilled: see model/distill.py and Recipe
@@ -12,7 +12,6 @@ TF-IDF baseline and the trained model.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import random
 import time
@@ -28,7 +27,7 @@ from tqdm import tqdm
 
 from contract.manifest import MANIFEST_FILE, Manifest
 from model.checkpoint import encode_texts, save_checkpoint
-from model.data import DEFAULT_WORDNET_DIR, Synset, WordNetNotFound, read_wordnet, split_synsets, training_side
+from model.data import DEFAULT_WORDNET_DIR, WordNetNotFound, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
 from model.distill import (
     cosine_matrix,
@@ -37,6 +36,17 @@ from model.distill import (
     teacher_embeddings,
     teacher_token_init,
     token_strings,
+)
+from model.evaluate import (
+    Outside,
+    embed,
+    evaluate_reference,
+    format_evaluation,
+    held_out_evaluation,
+    held_out_task,
+    model_scores,
+    model_size,
+    pad_batch,
 )
 from model.tokenizer import pad_id, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
@@ -126,13 +136,6 @@ class TrainConfig:
         return self.recipe.vocab_size if self.vocab_size is None else self.vocab_size
 
 
-@dataclass(frozen=True)
-class RetrievalScores:
-    recall_at_1: float
-    recall_at_10: float
-    mrr: float
-
-
 def cpu_has_fast_bf16() -> bool:
     """AVX512-BF16 or AMX units make bf16 matmuls about twice as fast as fp32 on the CPU."""
     try:
@@ -152,37 +155,12 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pad_batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id lists to the longest row. Returns input_ids and attention_mask, (B, T) int64."""
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    mask = np.arange(lengths.max()) < lengths[:, None]  # (B, T): True where a row has a token
-    ids = np.full(mask.shape, pad, dtype=np.int64)
-    ids[mask] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
-    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
-
-
 def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
     """Symmetric InfoNCE: row i of a matches row i of b; all other rows are negatives. a, b: (B, C)."""
     a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
     logits = a @ b.T / temperature  # (B, B)
     target = torch.arange(a.size(0))
     return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-
-
-@torch.no_grad()
-def embed(
-    model: Encoder, rows: Sequence[Sequence[int]], pad: int, batch_size: int = 256, dims: int | None = None
-) -> np.ndarray:
-    """L2-normalised embeddings of token id rows, in order; with ``dims``, of their first ``dims``
-    components (cut, then normalised, as the server shortens them). Sorting by length keeps padding low."""
-    model.eval()
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    out = np.zeros((len(rows), dims or model.d_model), dtype=np.float32)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        ids, mask = pad_batch([rows[i] for i in chunk], pad)
-        out[chunk] = F.normalize(model(ids, mask)[:, : dims or model.d_model], dim=-1).numpy()
-    return out
 
 
 def set_variance_rotation(model: Encoder, rows: Sequence[Sequence[int]], pad: int) -> None:
@@ -218,88 +196,6 @@ def prefix_ranking_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], t
                 F.kl_div(F.log_softmax(logits, -1), F.log_softmax(target, -1), reduction="batchmean", log_target=True)
             )
     return torch.stack(losses).sum() / 2 if losses else a.new_zeros(())
-
-
-def shortened(vectors: np.ndarray, dims: int) -> np.ndarray:
-    """The first ``dims`` components of each row, re-normalised."""
-    cut = vectors[:, :dims]
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
-
-
-def retrieval_scores(queries: np.ndarray, docs: np.ndarray, targets: Sequence[int]) -> RetrievalScores:
-    """queries (Q, D) and docs (N, D) L2-normalised; targets[q] is the index of q's correct doc."""
-    return ranked_scores(queries @ docs.T, targets)
-
-
-def ranked_scores(sims: np.ndarray, targets: Sequence[int]) -> RetrievalScores:
-    """sims (Q, N): each query's similarity to every doc; targets[q] is the index of q's correct doc."""
-    target_sims = sims[np.arange(len(targets)), targets]
-    ranks = (sims > target_sims[:, None]).sum(axis=1) + 1  # 1 = best; ties count in the query's favour
-    return RetrievalScores(
-        recall_at_1=float(np.mean(ranks <= 1)),
-        recall_at_10=float(np.mean(ranks <= 10)),
-        mrr=float(np.mean(1.0 / ranks)),
-    )
-
-
-@dataclass(frozen=True)
-class HeldOutTask:
-    queries: list[str]  # held-out example sentences
-    docs: list[str]  # held-out definitions, one per held-out synset
-    targets: list[int]  # index into docs of each query's definition
-
-
-def held_out_task(held_out: Sequence[Synset]) -> HeldOutTask:
-    queries, targets = [], []
-    for i, s in enumerate(held_out):
-        for example in s.examples:
-            queries.append(example)
-            targets.append(i)
-    return HeldOutTask(queries, [s.definition for s in held_out], targets)
-
-
-def tfidf_scores(task: HeldOutTask, fit_texts: Sequence[str]) -> RetrievalScores:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-
-    vectorizer = TfidfVectorizer(lowercase=True, sublinear_tf=True).fit(fit_texts)
-    q = vectorizer.transform(task.queries).astype(np.float32)  # sparse rows, L2-normalised by the vectorizer
-    d = vectorizer.transform(task.docs).astype(np.float32)
-    return ranked_scores((q @ d.T).toarray(), task.targets)  # dense rows over the vocabulary would take GBs
-
-
-def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask, dims: int | None = None) -> RetrievalScores:
-    pad = pad_id(tokenizer)
-    max_len = model.max_len
-    q = embed(model, encode_texts(tokenizer, task.queries, max_len), pad, dims=dims)
-    d = embed(model, encode_texts(tokenizer, task.docs, max_len), pad, dims=dims)
-    return retrieval_scores(q, d, task.targets)
-
-
-def reference_embedder(reference: Path, max_len: int, cache_dir: Path) -> Callable[[Sequence[str]], np.ndarray]:
-    """The reference model's embeddings as it is served (fp32, its full max length), cached for repeat runs."""
-    return lambda texts: teacher_embeddings(reference, texts, cache_dir, max_len, "fp32", "float32")[0]
-
-
-def teacher_scores(embed_texts: Callable[[Sequence[str]], np.ndarray], task: HeldOutTask) -> RetrievalScores:
-    """The teacher on the same held-out task."""
-    return retrieval_scores(embed_texts(task.queries), embed_texts(task.docs), task.targets)
-
-
-def outside_wordnet(
-    model: Encoder, tokenizer: Tokenizer, reference: Callable[[Sequence[str]], np.ndarray], config: TrainConfig
-) -> dict[str, object]:
-    """Spearman between the student's and the reference's cosine similarities on standard-library sentences."""
-    from model.outside import similarity_agreement, stdlib_sentences
-
-    sentences = stdlib_sentences(config.outside_sentences, config.seed)
-    spearman = similarity_agreement(
-        lambda texts: embed(model, encode_texts(tokenizer, texts, model.max_len), pad_id(tokenizer)),
-        reference,
-        sentences,
-        config.outside_pairs,
-        config.seed,
-    )
-    return {"sentences": len(sentences), "pairs": config.outside_pairs, "spearman": spearman}
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -431,29 +327,19 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         set_variance_rotation(model, [anchors[i] for i in sample] + [positives[i] for i in sample], pad)
 
     say("held-out WordNet retrieval: trained, TF-IDF and each trained prefix")
-    trained = model_scores(model, tokenizer, task)
-    tfidf = tfidf_scores(task, train_corpus)
-    evaluation = {"untrained": asdict(untrained), "tfidf": asdict(tfidf), "trained": asdict(trained)}
-    for d in config.matryoshka_dims:  # each trained prefix on its own
-        evaluation[f"trained @{d}"] = asdict(model_scores(model, tokenizer, task, dims=d))
-    outside: dict[str, object] = {}
+    evaluation = {"untrained": asdict(untrained)} | held_out_evaluation(
+        model, tokenizer, task, train_corpus, config.matryoshka_dims
+    )
     sizes = {"trained": model_size(model.config)}
+    outside: dict[str, object] = {}
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
         reference = Path(config.reference_dir or config.teacher_dir)
-        manifest = Manifest.read(reference)
-        say(f"the same for {manifest.model_id}, whole and cut; the outside-WordNet check")
-        sizes["teacher"] = model_size(EncoderConfig(**manifest.config))
-        reference_embeddings = reference_embedder(reference, manifest.max_length, cache_dir)
-        evaluation["teacher"] = asdict(teacher_scores(reference_embeddings, task))
-        teacher_width = manifest.dim
-        for d in config.matryoshka_dims:  # the teacher cut to the same fraction of its width
-            cut = teacher_width * d // model.d_model
-
-            def cut_embeddings(texts: Sequence[str], cut: int = cut) -> np.ndarray:
-                return shortened(reference_embeddings(texts), cut)
-
-            evaluation[f"teacher @{cut}"] = asdict(teacher_scores(cut_embeddings, task))
-        outside = {"reference": manifest.model_id, **outside_wordnet(model, tokenizer, reference_embeddings, config)}
+        say(f"the same for {Manifest.read(reference).model_id}, whole and cut; the outside-WordNet check")
+        reference_evaluation, sizes["teacher"], outside = evaluate_reference(
+            reference, model, tokenizer, task, config.matryoshka_dims, cache_dir,
+            Outside(config.outside_sentences, config.outside_pairs, config.seed),
+        )  # fmt: skip
+        evaluation |= reference_evaluation
     summary: dict[str, object] = {
         "steps": config.train_steps,
         "batch_size": config.batch_size,
@@ -499,28 +385,6 @@ def plot_losses(losses: Sequence[float], path: Path | str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def model_size(config: EncoderConfig) -> dict[str, int]:
-    """Parameters and forward matmul FLOPs per token (model/distill.py's count) of an encoder configuration."""
-    from model.distill import flops_per_token
-
-    parameters = sum(p.numel() for p in Encoder(config).parameters())
-    return {"parameters": parameters, "flops_per_token": flops_per_token(config.n_layers, config.d_model, config.d_ff)}
-
-
-def format_evaluation(evaluation: dict[str, dict[str, float]], sizes: dict[str, dict[str, int]] | None = None) -> str:
-    sizes = sizes or {}
-    lines = ["| model | parameters | MFLOP/token | recall@1 | recall@10 | MRR |", "|---|---:|---:|---:|---:|---:|"]
-    for name, scores in evaluation.items():
-        size = sizes.get(name)
-        params = f"{size['parameters'] / 1e6:.2f} M" if size else ""
-        flops = f"{size['flops_per_token'] / 1e6:.2f}" if size else ""
-        lines.append(
-            f"| {name} | {params} | {flops} | {scores['recall_at_1']:.3f} | {scores['recall_at_10']:.3f} | "
-            f"{scores['mrr']:.3f} |"
-        )
-    return "\n".join(lines)
 
 
 def exported_minilm(out_dir: Path) -> str:

@@ -7,34 +7,8 @@ import pytest
 import torch
 
 from model.checkpoint import encode_texts
-from model.train import (
-    HeldOutTask,
-    TrainConfig,
-    info_nce,
-    lr_at,
-    pad_batch,
-    retrieval_scores,
-    tfidf_scores,
-    train,
-)
+from model.train import TrainConfig, info_nce, lr_at, train
 from tests.conftest import tiny_train_config
-
-
-def test_pad_batch_pads_right_and_masks() -> None:
-    ids, mask = pad_batch([[5, 6, 7], [8]], pad=0)
-    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
-
-
-def test_pad_batch_cuts_each_batch_to_its_own_longest_row() -> None:
-    rows = [[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]]
-    for index in ([1, 2], [0, 3, 1], [2]):
-        chosen = [rows[i] for i in index]
-        ids, mask = pad_batch(chosen, pad=0)
-        assert ids.shape == (len(chosen), max(map(len, chosen))) and ids.dtype == mask.dtype == torch.int64
-        for row, tokens in enumerate(chosen):
-            assert ids[row].tolist() == tokens + [0] * (ids.shape[1] - len(tokens))
-            assert mask[row].tolist() == [1] * len(tokens) + [0] * (ids.shape[1] - len(tokens))
 
 
 def test_info_nce_rewards_matching_rows() -> None:
@@ -43,28 +17,6 @@ def test_info_nce_rewards_matching_rows() -> None:
     matched = info_nce(a, a + 0.01 * torch.randn(16, 8), temperature=0.05)
     shuffled = info_nce(a, a[torch.randperm(16)], temperature=0.05)
     assert matched.item() < 0.1 < np.log(16) < shuffled.item() + 1
-
-
-def test_retrieval_scores_on_a_known_ranking() -> None:
-    docs = np.eye(3, dtype=np.float32)
-    queries = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 0.2, 0.8]], dtype=np.float32)
-    scores = retrieval_scores(queries, docs, targets=[0, 1, 2])
-    # ranks: 1, 2 (doc 0 is closer than doc 1), 1
-    assert scores.recall_at_1 == pytest.approx(2 / 3)
-    assert scores.recall_at_10 == 1.0
-    assert scores.mrr == pytest.approx((1 + 0.5 + 1) / 3)
-
-
-def test_tfidf_ranks_the_definition_sharing_the_querys_words_first() -> None:
-    task = HeldOutTask(
-        queries=["the dog barked at night", "a cat sat on the warm mat"],
-        docs=["a warm mat where a cat sat", "a dog that barked", "an unrelated text about ships"],
-        targets=[1, 0],
-    )
-    scores = tfidf_scores(task, task.docs + task.queries)
-    assert scores.recall_at_1 == 1.0 and scores.mrr == 1.0
-    swapped = tfidf_scores(HeldOutTask(task.queries, task.docs, [0, 1]), task.docs + task.queries)
-    assert swapped.recall_at_1 == 0.0
 
 
 def test_encode_texts_gives_unpadded_rows_with_sep_last(tiny_training) -> None:
@@ -124,7 +76,8 @@ def test_the_matryoshka_loss_changes_training_when_on_and_not_when_off() -> None
 
 
 def test_the_variance_rotation_orders_the_axes_and_keeps_full_length_cosines() -> None:
-    from model.train import embed, set_variance_rotation
+    from model.evaluate import embed
+    from model.train import set_variance_rotation
     from model.transformer import Encoder, EncoderConfig
 
     torch.manual_seed(0)
