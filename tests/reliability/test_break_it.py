@@ -223,6 +223,7 @@ def test_a_backend_that_keeps_failing_turns_health_not_serving_and_recovers_with
 def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_nothing(tiny_artifacts) -> None:
     server = ServerThread(server_config(tiny_artifacts, max_streams=2))
     stub = server.stub()
+    ended = threading.Event()  # the test is over: the request generators stop holding their streams open
     try:
         sent = threading.Event()
 
@@ -231,7 +232,7 @@ def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_noth
                 yield request(f"stream text {i}", truncate=True)
                 if i == 50:
                     sent.set()
-            time.sleep(30)  # keep the stream open without reading
+            ended.wait(30)  # keep the stream open without reading
 
         stalled = stub.EmbedStream(requests())  # never read
         assert sent.wait(10)
@@ -242,7 +243,7 @@ def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_noth
         # The stream limit (2): with the stalled one and a second one open, a third is refused.
         def slow():  # type: ignore[no-untyped-def]
             yield request("c")
-            time.sleep(5)
+            ended.wait(5)
 
         second = stub.EmbedStream(slow())
         assert next(second).embeddings
@@ -254,6 +255,7 @@ def test_a_stream_that_stops_reading_or_disconnects_blocks_nobody_and_leaks_noth
         eventually(lambda: server.server.service._open_streams == 0, what="both streams closed")
         assert len(stub.Embed(request("after"), timeout=10).embeddings) == 1
     finally:
+        ended.set()
         server.stop()
 
 
@@ -262,6 +264,7 @@ def test_a_cancelled_stream_leaves_nothing_to_compute_and_nothing_counted_ok(tin
     gate = GatedBackend(server.server)
     stub = server.stub()
     served = server.server
+    ended = threading.Event()
     try:
         blocker = stub.Embed.future(request("holds the backend"))
         eventually(lambda: served.state.in_flight == 1 and not served.batcher.queued_items, what="blocker running")
@@ -269,7 +272,7 @@ def test_a_cancelled_stream_leaves_nothing_to_compute_and_nothing_counted_ok(tin
         def requests():  # type: ignore[no-untyped-def]
             for i in range(3 * STREAM_WINDOW):
                 yield request(f"stream text {i}")
-            time.sleep(30)  # keep the stream open
+            ended.wait(30)  # keep the stream open
 
         stream = stub.EmbedStream(requests())
         # The window fills, then the stream's reader waits for room: the moment the leak happened.
@@ -287,5 +290,6 @@ def test_a_cancelled_stream_leaves_nothing_to_compute_and_nothing_counted_ok(tin
         assert counter(served.metrics.requests, "EmbedStream", "OK") == 0
         assert counter(served.metrics.requests, "EmbedStream", "CANCELLED") == STREAM_WINDOW
     finally:
+        ended.set()
         gate.release()
         server.stop()
