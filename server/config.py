@@ -275,7 +275,6 @@ def _from_variable(parser: argparse.ArgumentParser, name: str, text: str, kind: 
         parser.error(f"{name}: {e}")
     except ValueError:
         parser.error(f"{name}: invalid {getattr(kind, '__name__', 'setting')} value: {text!r}")
-    raise AssertionError("unreachable: parser.error exits")
 
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
