@@ -32,6 +32,7 @@ from bench.measure import (
     compare_protocols,
     cpu_name,
     forward_flops,
+    gpu_name,
     load_sweep,
     matmul_peak_flops,
     median_seconds,
@@ -235,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cores": threads,
         "python": platform.python_version(),
         "provider": trained.runtime.provider,
-    }
+    } | ({"gpu": gpu_name()} if args.provider == "cuda" else {})
     defaults = ServerConfig()
     results["settings"] = {
         "max_batch_tokens": trained.policy.max_batch_tokens,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, merge_counts, traffic, workers_reading
+from bench.measure import ROOT, cpu_name, gpu_name, merge_counts, traffic, workers_reading
 from bench.report import table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -66,12 +66,6 @@ def parity(model_dir: Path, texts: list[str]) -> dict[str, Any]:
         "fp16_worst_cosine": float(cosines.min()),
         "passes": max_abs <= FP32_MAX_ABS and float(cosines.min()) >= FP16_MIN_COSINE,
     }
-
-
-def gpu_name() -> str:
-    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
-    name, _, driver = subprocess.run(query, capture_output=True, text=True).stdout.strip().partition(", ")
-    return f"{name} (driver {driver})" if driver else name
 
 
 def gpu_memory() -> dict[str, int]:

@@ -34,6 +34,12 @@ def cpu_name() -> str:
     return names[0] if names else platform.processor() or "unknown"
 
 
+def gpu_name() -> str:
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    name, _, driver = subprocess.run(query, capture_output=True, text=True).stdout.strip().partition(", ")
+    return f"{name} (driver {driver})" if driver else name
+
+
 def forward_flops(config: Mapping[str, Any], batch: int, sequence: int) -> float:
     """Forward FLOPs of one padded batch (2 per multiply-add): projections, feed-forward, attention."""
     d, d_ff = config["d_model"], config["d_ff"]

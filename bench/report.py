@@ -166,6 +166,11 @@ def protocols_table(p: dict[str, Any]) -> str:
     return table(header, rows)
 
 
+def gpu_of(machine: dict[str, Any]) -> str:
+    """ "; GPU <name> (driver <version>)" where a CUDA run recorded its GPU, else nothing."""
+    return f"; GPU {machine['gpu']}" if machine.get("gpu") else ""
+
+
 def gpu_text(r: dict[str, Any], out: Path) -> str:
     """This run's GPU section: the figures of the CUDA run and the GPU check in docs/gpu/, where they exist."""
     if on_cuda(r):
@@ -176,7 +181,7 @@ def gpu_text(r: dict[str, Any], out: Path) -> str:
                 "export parity on CUDA, runs this benchmark with `--provider cuda` and writes `docs/gpu/`.")  # fmt: skip
     cuda = json.loads((gpu / "benchmarks.json").read_text())
     m = cuda["machine"]
-    text = (f"On a machine with an NVIDIA GPU, by `{cuda['command']}` on {m['date']} ({m['cpu']}, {m['cores']} cores; "
+    text = (f"On a machine with an NVIDIA GPU, by `{cuda['command']}` on {m['date']} ({m['cpu']}, {m['cores']} cores{gpu_of(m)}; "
             "every figure in [gpu/benchmarks.md](gpu/benchmarks.md)), the targets on the CUDA execution provider:\n\n"
             + targets_table(cuda))  # fmt: skip
     check = json.loads((gpu / "gpu-check.json").read_text()) if (gpu / "gpu-check.json").exists() else {}
@@ -283,7 +288,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
             [f"measured fp32 matmul peak (torch, 2048^2, {r['machine']['cores']} threads)", f"{peak / 1e9:.1f}", "100%"],
             *([name, f"{rate * ceiling['flops_per_text'] / 1e9:.1f}", f"{rate * ceiling['flops_per_text'] / peak:.0%}"]
               for name, rate in flops.items())]),
-        "gpu": gpu_text(r, out), "docs": os.path.relpath(DOCS, out.resolve()),
+        "gpu": gpu_text(r, out), "gpu_machine": gpu_of(r["machine"]), "docs": os.path.relpath(DOCS, out.resolve()),
     }  # fmt: skip
 
 

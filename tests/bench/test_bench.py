@@ -320,6 +320,9 @@ def test_a_cuda_run_reports_what_it_measured_where() -> None:
     assert rows["trained model: ONNX Runtime fp32 vs eager PyTorch per batch on the CPU"][3] is not None
     rendered = values(run, ROOT / "docs" / "gpu")
     assert "the GPU computes here" in rendered["flops_table"] and rendered["docs"] == ".."
+    assert rendered["gpu_machine"] == ""  # a run that recorded no GPU names none
+    run["machine"]["gpu"] = "NVIDIA H200 (driver 580.159.04)"
+    assert values(run, ROOT / "docs" / "gpu")["gpu_machine"] == "; GPU NVIDIA H200 (driver 580.159.04)"
 
 
 def test_the_soak_cycles_request_sizes_and_samples_the_servers_memory(served: ServerThread) -> None:
