@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, gpu_name, merge_counts, traffic, workers_reading
-from bench.report import table
+from bench.measure import ROOT, cpu_name, gpu_name, traffic, workers_reading
+from bench.report import scaling_table, table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
 
@@ -33,8 +33,6 @@ FP16_MIN_COSINE = 0.999
 WORKERS = (1, 2, 4, 8)
 LOAD_PROCESSES = 8
 PARITY_TEXTS = 64
-FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per load in the scaling table, with decimals
-SCALING_LOADS = ("1 text x 128 clients", "8 texts x 32 clients")
 GPU_MEMORY_READ = "after both loads, the server still running"  # when workers_reading asks nvidia-smi
 
 
@@ -90,19 +88,9 @@ def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str
     return rows
 
 
-def errors(*readings: dict[str, Any]) -> str:
-    kinds = merge_counts(r.get("error_kinds", {}) for r in readings)
-    return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
-
-
 def parity_row(name: str, p: dict[str, Any]) -> list[object]:
     providers, max_abs = ", ".join(p["providers"]), f"{p['fp32_cuda_vs_cpu_max_abs']:.2e}"
     return [name, providers, max_abs, f"{p['fp16_mean_cosine']:.6f}", f"{p['fp16_worst_cosine']:.6f}", p["passes"]]
-
-
-def scaling_row(r: dict[str, Any]) -> list[object]:
-    figures = [f"{x[k]:.{d}f}" for x in (r["single"], r["batch8"]) for k, d in FIGURES]
-    return [r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors(r["single"], r["batch8"])]
 
 
 def measured_by(run: dict[str, Any]) -> str:
@@ -118,8 +106,6 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     parity, scaling = report.get("parity"), report.get("scaling")
     parity_header = ["model", "providers loaded", "fp32 CUDA vs CPU max abs", "fp16 mean cosine", "fp16 worst cosine"]
     parity_rows = [parity_row(name, p) for name, p in parity["models"].items()] if parity else []
-    cells = [cell for load in SCALING_LOADS for cell in (f"{load}: texts/s", "p50 ms", "p99 ms")]
-    header = ["model", "precision", "workers", "GPU memory MiB", *cells, "errors"]
     template = (Path(__file__).parent / "gpu-check.md.tmpl").read_text()
     path.write_text(template.format(
         parity_texts=PARITY_TEXTS, fp32_max_abs=FP32_MAX_ABS, fp16_min_cosine=FP16_MIN_COSINE,
@@ -128,7 +114,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         parity_run=measured_by(parity["run"]) if parity else "Not run: `--steps` left out `parity`.",
         parity_table=table([*parity_header, "passes"], parity_rows, 2) if parity else "",
         scaling_run=measured_by(scaling["run"]) if scaling else "Not run: `--steps` left out `scaling`.",
-        scaling_table=table(header, [scaling_row(r) for r in scaling["rows"]], 2) if scaling else "",
+        scaling_table=scaling_table(scaling["rows"]) if scaling else "",
     ))  # fmt: skip
 
 

@@ -77,6 +77,11 @@ def joined(results: Sequence[EmbedResult], split: Sequence[tuple[int, list[str]]
     )
 
 
+def text_list(texts: str | Sequence[str]) -> list[str]:
+    """The texts to embed: one string is one text (a str is also a Sequence[str], of its characters)."""
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
 def parts(texts: list[str], most: int | None) -> list[tuple[int, list[str]]]:
     """A list as consecutive requests of at most ``most`` texts, each with where it starts (one request, as
     it is, when it fits or the limit is not known)."""
@@ -152,7 +157,7 @@ class EmbeddingClient:
         """Any number of texts: a list longer than the server takes in one request (its Info's
         ``max_client_batch_size``, asked once, on the first list of more than one text) goes as consecutive
         requests of that size. One string is one text."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = text_list(texts)
         if len(texts) > 1 and self._max_inputs is None:
             self._max_inputs = int(self.info()["max_client_batch_size"])  # type: ignore[call-overload]
         split = parts(texts, self._max_inputs)
@@ -203,7 +208,7 @@ class AsyncEmbeddingClient:
         dimensions: int | None = None,
     ) -> EmbedResult:
         """As ``EmbeddingClient.embed``: a long list goes as consecutive requests of the server's size."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = text_list(texts)
         if len(texts) > 1 and self._max_inputs is None:
             self._max_inputs = int((await self.info())["max_client_batch_size"])  # type: ignore[call-overload]
         split = parts(texts, self._max_inputs)

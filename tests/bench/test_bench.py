@@ -364,6 +364,9 @@ def test_the_reports_gpu_section_carries_the_gpu_runs_figures(tmp_path: Path) ->
     assert cuda["command"] in text
     for target, measured, _, _ in targets(cuda):
         assert f"| {target} | {measured} |" in text
-    parity = json.loads((ROOT / "docs" / "gpu" / "gpu-check.json").read_text())["parity"]
-    for name, p in parity["models"].items():
+    check = json.loads((ROOT / "docs" / "gpu" / "gpu-check.json").read_text())
+    for name, p in check["parity"]["models"].items():
         assert f"| {name} | {p['fp32_cuda_vs_cpu_max_abs']:.2e} | {p['fp16_worst_cosine']:.6f} |" in text
+    for row in check["scaling"]["rows"]:  # the --workers readings on the GPU, each with its rate
+        cells = [row["model"], row["precision"], row["workers"], row["gpu_memory_mib"]]
+        assert f"| {' | '.join(map(str, cells))} | {row['single']['texts_per_second']:.0f} |" in text
