@@ -2,13 +2,15 @@
 an exported model folder (the server, training's teacher, the benchmark).
 
 Torch-free and dependency-free. ``Manifest.read`` is the only way in and ``Manifest.write`` the only way
-out; a folder written under another ``schema_version`` is refused with a message saying what to do.
+out; a folder written under another ``schema_version`` is refused with a message saying what to do, and
+``check_files`` refuses a file that is not the one the export wrote.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,21 @@ class Manifest:
             raise ManifestError(f"{path}: not a JSON object")
         return cls.from_dict(data, str(path))
 
+    def check_files(self, folder: Path | str, names: Iterable[str]) -> None:
+        """ManifestError naming each of ``names`` whose bytes differ from the sha256 the export recorded: a copy
+        cut short, an export stopped half-way, a file from another build beside this manifest. A name the
+        manifest does not list is not checked."""
+        folder = Path(folder)
+        differ = []
+        for name in names:
+            if name in self.files and (folder / name).is_file() and file_sha256(folder / name) != self.files[name]:
+                differ.append(name)
+        if differ:
+            raise ManifestError(
+                f"{folder}: {', '.join(differ)} not the file{'s' if len(differ) > 1 else ''} this manifest.json was "
+                "exported with (its sha256 differs): export the model again, or copy the whole folder"
+            )
+
     def _check_types(self, where: str) -> None:
         expected = {"model_id": str, "model_version": str, "dim": int, "max_length": int, "vocab_size": int,
                     "pad_id": int, "source": str, "opset": int, "output": str, "normalized": bool,
@@ -119,3 +136,12 @@ class Manifest:
             wrong.append("matryoshka_dims must end with dim")
         if wrong:
             raise ManifestError(f"{where}: {'; '.join(wrong)}")
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, as ``files`` records it."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

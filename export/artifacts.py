@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from contract.manifest import MODEL_FILES, TOKENIZER_FILE, Manifest
+from contract.manifest import MODEL_FILES, TOKENIZER_FILE, Manifest, file_sha256
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
 from export.torchscript import export_torchscript
@@ -33,14 +33,6 @@ def step(model_id: str, what: str) -> Iterator[None]:
     print(f"export {model_id}: {what} ...", flush=True)
     yield
     print(f"export {model_id}: {what}: {time.perf_counter() - started:.0f} s", flush=True)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def weights_digest(model: Encoder) -> str:
@@ -99,7 +91,7 @@ def export_all(
         normalized=False,
         # Embedding lengths built and measured to stand alone (shortened lengths and the full width).
         matryoshka_dims=tuple(summary.get("matryoshka_dims", [model.config.d_model])),  # type: ignore[arg-type]
-        files={name: sha256(model_dir / name) for name in files},
+        files={name: file_sha256(model_dir / name) for name in files},
         training=summary,
         parity=report.to_dict(),
         precision={**precision, "int8_build": int8_choice},

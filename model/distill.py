@@ -136,7 +136,15 @@ def teacher_embeddings(
     else:
         embeddings, cached = run_teacher(teacher_dir, texts, max_tokens, precision).astype(dtype), False
         cache_dir.mkdir(parents=True, exist_ok=True)
-        np.save(path, embeddings)
+        # Written aside, then renamed: a run stopped mid-write (Ctrl-C) leaves nothing under the name that a
+        # repeat run would load as the teacher's targets.
+        partial = path.with_name(path.name + ".partial")
+        try:
+            with open(partial, "wb") as file:
+                np.save(file, embeddings)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
     embeddings = embeddings.astype(np.float32)
     teacher_id = Manifest.read(teacher_dir).model_id
     summary = {

@@ -77,3 +77,33 @@ def test_the_server_refuses_a_model_of_another_schema_version_with_exit_2(tiny_a
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "schema_version 99; this code reads schema_version 1" in done.stderr
+
+
+def test_a_file_that_is_not_the_exported_one_is_named(tiny_artifacts: Path, tmp_path: Path) -> None:
+    for name in ("model.onnx", "tokenizer.json", "manifest.json"):
+        (tmp_path / name).write_bytes((tiny_artifacts / name).read_bytes())
+    manifest = Manifest.read(tmp_path)
+    manifest.check_files(tmp_path, ["model.onnx", "tokenizer.json", "not-listed.bin"])  # as exported: passes
+    half = (tmp_path / "model.onnx").read_bytes()
+    (tmp_path / "model.onnx").write_bytes(half[: len(half) // 2])  # a copy cut short
+    with pytest.raises(ManifestError, match=r"model\.onnx not the file this manifest\.json was exported with"):
+        manifest.check_files(tmp_path, ["model.onnx", "tokenizer.json"])
+    manifest.check_files(tmp_path, ["tokenizer.json"])  # only the names asked for are read
+
+
+def test_the_server_refuses_a_model_file_the_manifest_does_not_describe_with_exit_2(
+    tiny_artifacts: Path, tmp_path: Path
+) -> None:
+    for name in ("model.onnx", "tokenizer.json", "manifest.json"):
+        (tmp_path / name).write_bytes((tiny_artifacts / name).read_bytes())
+    tokenizer = json.loads((tmp_path / "tokenizer.json").read_text())
+    tokenizer["truncation"]["max_length"] -= 1  # another build's tokenizer, still a valid one
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "--model-dir", str(tmp_path), "--port", "0", "--http-port", "-1",
+         "--metrics-port", "-1", "--memory-limit-mib", "4096"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "tokenizer.json not the file this manifest.json was exported with" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -10,14 +10,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.artifacts import sha256
+from contract.manifest import file_sha256
 from export.verify import onnx_backend, torch_backend, verify
 
 
 def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
     manifest = json.loads((tiny_artifacts / "manifest.json").read_text())
     for name, entry in manifest["files"].items():
-        assert entry["sha256"] == sha256(tiny_artifacts / name)
+        assert entry["sha256"] == file_sha256(tiny_artifacts / name)
     assert set(manifest["files"]) == {
         "model.onnx",
         "model.torchscript.pt",

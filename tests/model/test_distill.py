@@ -173,3 +173,30 @@ def test_the_teacher_cache_is_keyed_by_the_int8_build_the_export_kept(
     assert cache_key(teacher, ["a text"], 32, "fp32", "float16") == cache_key(
         tiny_bert_artifacts, ["a text"], 32, "fp32", "float16"
     )
+
+
+def test_a_cache_write_cut_short_leaves_no_file_a_repeat_run_would_trust(
+    tiny_bert_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "teacher-cache"
+    texts = ["a small domesticated carnivore", "a river"]
+    real_save = np.save
+
+    def interrupted_save(file: object, array: np.ndarray) -> None:  # Ctrl-C half-way through the write
+        real_save(file, array)
+        if isinstance(file, (str, Path)):
+            Path(file).write_bytes(Path(file).read_bytes()[:64])
+        else:
+            file.truncate(64)  # type: ignore[attr-defined]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        teacher_embeddings(tiny_bert_artifacts, texts, cache)
+    monkeypatch.undo()
+    assert not list(cache.glob("teacher-*.npy"))  # nothing under the name a repeat run loads
+    embeddings, summary = teacher_embeddings(tiny_bert_artifacts, texts, cache)
+    assert summary["teacher_cache"] == "computed" and embeddings.shape[0] == len(texts)
+    again, summary = teacher_embeddings(tiny_bert_artifacts, texts, cache)
+    assert summary["teacher_cache"] == "hit"
+    np.testing.assert_array_equal(again, embeddings)
