@@ -6,6 +6,7 @@ Training writes the checkpoint; the export reads it. Both import this module, ne
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,13 +20,22 @@ CHECKPOINT = "checkpoint.pt"
 
 
 def save_checkpoint(model: Encoder, tokenizer: Tokenizer, summary: dict[str, object], out_dir: Path | str) -> Path:
-    """Writes checkpoint.pt, tokenizer.json and evaluation.json (the summary) into out_dir."""
+    """Writes tokenizer.json, evaluation.json (the summary) and checkpoint.pt into out_dir.
+
+    checkpoint.pt is what `make` takes for a finished training: an earlier one goes first and the new one
+    comes last, written aside and renamed, so a run stopped part-way leaves none (make then trains again),
+    never a checkpoint beside another run's tokenizer."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / CHECKPOINT
-    torch.save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "summary": summary}, path)
+    path, partial = out / CHECKPOINT, out / f"{CHECKPOINT}.partial"
+    path.unlink(missing_ok=True)
     save_tokenizer(tokenizer, out / "tokenizer.json")
     (out / "evaluation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        torch.save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "summary": summary}, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 
