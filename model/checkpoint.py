@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,16 +28,25 @@ def save_checkpoint(model: Encoder, tokenizer: Tokenizer, summary: dict[str, obj
     never a checkpoint beside another run's tokenizer."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path, partial = out / CHECKPOINT, out / f"{CHECKPOINT}.partial"
+    path = out / CHECKPOINT
     path.unlink(missing_ok=True)
     save_tokenizer(tokenizer, out / "tokenizer.json")
     (out / "evaluation.json").write_text(json.dumps(summary, indent=2) + "\n")
-    try:
+    with written_aside(path) as partial:
         torch.save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "summary": summary}, partial)
+    return path
+
+
+@contextmanager
+def written_aside(path: Path) -> Iterator[Path]:
+    """A path beside ``path`` to write to, renamed to ``path`` when the block ends and removed when it raises:
+    a run stopped mid-write (Ctrl-C) leaves nothing under the name that a later run trusts."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        yield partial
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    return path
 
 
 def load_checkpoint(path: Path | str) -> tuple[Encoder, dict[str, object]]:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from contract.manifest import MODEL_FILES, Manifest
+from model.checkpoint import written_aside
 
 TEACHER_PRECISION = "int8"
 TEACHER_MAX_TOKENS = 32  # the student's training truncation: both see the same text
@@ -136,15 +137,8 @@ def teacher_embeddings(
     else:
         embeddings, cached = run_teacher(teacher_dir, texts, max_tokens, precision).astype(dtype), False
         cache_dir.mkdir(parents=True, exist_ok=True)
-        # Written aside, then renamed: a run stopped mid-write (Ctrl-C) leaves nothing under the name that a
-        # repeat run would load as the teacher's targets.
-        partial = path.with_name(path.name + ".partial")
-        try:
-            with open(partial, "wb") as file:
-                np.save(file, embeddings)
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
+        with written_aside(path) as partial, open(partial, "wb") as file:  # a file: np.save adds .npy to a name
+            np.save(file, embeddings)
     embeddings = embeddings.astype(np.float32)
     teacher_id = Manifest.read(teacher_dir).model_id
     summary = {

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from contract.manifest import SCHEMA_VERSION, Manifest, ManifestError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.server.test_config import serve_exits
 
 
 def small() -> Manifest:
@@ -65,23 +62,22 @@ def test_a_missing_field_is_named(tmp_path: Path) -> None:
         Manifest.read(tmp_path)
 
 
+def copy_model(source: Path, folder: Path) -> None:
+    for name in ("model.onnx", "tokenizer.json", "manifest.json"):
+        (folder / name).write_bytes((source / name).read_bytes())
+
+
 def test_the_server_refuses_a_model_of_another_schema_version_with_exit_2(tiny_artifacts: Path, tmp_path: Path) -> None:
-    for name in ("model.onnx", "tokenizer.json"):
-        (tmp_path / name).write_bytes((tiny_artifacts / name).read_bytes())
+    copy_model(tiny_artifacts, tmp_path)
     data = json.loads((tiny_artifacts / "manifest.json").read_text())
     (tmp_path / "manifest.json").write_text(json.dumps({**data, "schema_version": 99}))
-    done = subprocess.run(
-        [sys.executable, "-m", "server", "--model-dir", str(tmp_path), "--port", "0", "--http-port", "-1",
-         "--metrics-port", "-1", "--memory-limit-mib", "4096"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "schema_version 99; this code reads schema_version 1" in done.stderr
+    code, output = serve_exits(["--model-dir", str(tmp_path)], {})
+    assert code == 2, output[-2000:]
+    assert "schema_version 99; this code reads schema_version 1" in output
 
 
 def test_a_file_that_is_not_the_exported_one_is_named(tiny_artifacts: Path, tmp_path: Path) -> None:
-    for name in ("model.onnx", "tokenizer.json", "manifest.json"):
-        (tmp_path / name).write_bytes((tiny_artifacts / name).read_bytes())
+    copy_model(tiny_artifacts, tmp_path)
     manifest = Manifest.read(tmp_path)
     manifest.check_files(tmp_path, ["model.onnx", "tokenizer.json", "not-listed.bin"])  # as exported: passes
     half = (tmp_path / "model.onnx").read_bytes()
@@ -94,16 +90,11 @@ def test_a_file_that_is_not_the_exported_one_is_named(tiny_artifacts: Path, tmp_
 def test_the_server_refuses_a_model_file_the_manifest_does_not_describe_with_exit_2(
     tiny_artifacts: Path, tmp_path: Path
 ) -> None:
-    for name in ("model.onnx", "tokenizer.json", "manifest.json"):
-        (tmp_path / name).write_bytes((tiny_artifacts / name).read_bytes())
+    copy_model(tiny_artifacts, tmp_path)
     tokenizer = json.loads((tmp_path / "tokenizer.json").read_text())
     tokenizer["truncation"]["max_length"] -= 1  # another build's tokenizer, still a valid one
     (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
-    done = subprocess.run(
-        [sys.executable, "-m", "server", "--model-dir", str(tmp_path), "--port", "0", "--http-port", "-1",
-         "--metrics-port", "-1", "--memory-limit-mib", "4096"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "tokenizer.json not the file this manifest.json was exported with" in done.stderr
-    assert "Traceback" not in done.stderr
+    code, output = serve_exits(["--model-dir", str(tmp_path)], {})
+    assert code == 2, output[-2000:]
+    assert "tokenizer.json not the file this manifest.json was exported with" in output
+    assert "Traceback" not in output
