@@ -18,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import itertools
 import json
 import logging
+import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -106,6 +109,11 @@ Header = tuple[bytes, bytes]
 Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
+REQUEST_ID = b"x-request-id"  # on every answer, as OpenAI's API sends it; the `openai` client reads it
+# A caller's own id (a gateway's, a client's trace) comes back unchanged when it is 1-128 visible ASCII characters;
+# anything else is replaced, never refused: a request is not worth failing over its label.
+CALLERS_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+EXPOSED_HEADERS = DIMENSIONS_TRAINED + b", " + REQUEST_ID  # what a browser on an allowed origin may read
 MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
 CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does not list its own
@@ -114,6 +122,20 @@ CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does n
 def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
     """A request header's value (ASGI names are lower-case), or None."""
     return next((v for k, v in scope["headers"] if k == name), None)
+
+
+class RequestIds:
+    """Each answer's ``x-request-id``: the caller's own when it is a sane token, else ``req_`` and 32 hex digits,
+    unique across restarts and ``--workers`` (a random half per process, a counter for the other)."""
+
+    def __init__(self) -> None:
+        self._prefix = f"req_{secrets.token_hex(8)}"
+        self._count = itertools.count()
+
+    def __call__(self, given: bytes | None) -> bytes:
+        if given is not None and CALLERS_REQUEST_ID.fullmatch(given):
+            return given
+        return f"{self._prefix}{next(self._count):016x}".encode()
 
 
 def _model_name(path: str) -> str | None:
@@ -196,6 +218,7 @@ class HttpApi:
             ("POST", "/tokenize"): self._tokenize,
         }
         self._openapi = OPENAPI.read_bytes()
+        self._request_ids = RequestIds()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":  # lifespan is off; websockets are not served
@@ -207,9 +230,10 @@ class HttpApi:
         if method == "OPTIONS" and origin is not None:
             await self._preflight(scope, send, origin)
             return
+        request_id = self._request_ids(_header(scope, REQUEST_ID))
         if path in OPEN_ROUTES and method == "GET":
             status, body = self._open_route(path)
-            await _respond(send, status, body, self.state.draining, origin)
+            await _respond(send, status, body, self.state.draining, origin, [(REQUEST_ID, request_id)])
             return
         route, label = self._route(method, path)
         if route is None:
@@ -217,7 +241,7 @@ class HttpApi:
             status, body = self._no_route(scope["method"], path, allowed)
             # A 405 names the methods the path takes (RFC 9110, 15.5.6).
             extra = [(b"allow", ", ".join(allowed).encode())] if allowed else []
-            await _respond(send, status, body, self.state.draining, origin, extra)
+            await _respond(send, status, body, self.state.draining, origin, [*extra, (REQUEST_ID, request_id)])
             return
         started = time.perf_counter()
         self.state.in_flight += 1
@@ -229,14 +253,17 @@ class HttpApi:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            domain = e if isinstance(e, EmbedError) else _internal(e, path)
+            domain = e if isinstance(e, EmbedError) else _internal(e, label, request_id)
             self._count_refusal(domain, scope.get("embed.model", ""))
             status, body = error_body(domain)
+            if status == 500 and isinstance(e, EmbedError):  # the batch's own failure is logged where it failed
+                log.warning("%s answered 500 to request %s: %s", label, request_id.decode(), domain)
         finally:
             self.state.in_flight -= 1
         model = scope.get("embed.model", "")
         self.metrics.answered("http", label, str(status), model, time.perf_counter() - started)
-        answer_headers: Sequence[Header] = scope.get("embed.headers", ()) if status == 200 else ()
+        answer_headers: list[Header] = scope.get("embed.headers", []) if status == 200 else []
+        answer_headers.append((REQUEST_ID, request_id))
         await _respond(send, status, body, self.state.draining, origin, answer_headers)
 
     def _route(self, method: str, path: str) -> tuple[Route | None, str]:
@@ -511,8 +538,8 @@ class HttpApi:
             self.metrics.rejected(reason, model)
 
 
-def _internal(error: Exception, path: str) -> Internal:
-    log.error("unexpected error in %s", path, exc_info=error)
+def _internal(error: Exception, route: str, request_id: bytes) -> Internal:
+    log.error("unexpected error in %s, request %s", route, request_id.decode(), exc_info=error)
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 
@@ -524,7 +551,7 @@ async def _respond(
         headers.append((b"connection", b"close"))
     if origin:  # a browser on an allowed origin may read the answer, our own header included
         headers += [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
-        headers += [(b"access-control-expose-headers", DIMENSIONS_TRAINED)]
+        headers += [(b"access-control-expose-headers", EXPOSED_HEADERS)]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
+import re
 import select
 import socket
 import subprocess
@@ -310,6 +312,59 @@ def test_the_openai_client_raises_its_own_errors(served_http: ServerThread) -> N
         )
     response = post(served_http, {"input": "x"}, token="")
     assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+
+
+GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
+
+
+def test_every_answer_carries_a_request_id_that_the_openai_client_reads(served_http: ServerThread) -> None:
+    openai_client = client(served_http)
+    first, second = (openai_client.embeddings.create(input="x", model="") for _ in range(2))
+    assert GENERATED_ID.fullmatch(first._request_id or "") and GENERATED_ID.fullmatch(second._request_id or "")
+    assert first._request_id != second._request_id
+    with pytest.raises(openai.NotFoundError) as not_found:  # an error names its request too
+        openai_client.embeddings.create(input="x", model="no-such-model")
+    assert GENERATED_ID.fullmatch(not_found.value.request_id or "")
+    for answer in (
+        httpx.get(base_url(served_http) + "/health"),
+        httpx.get(base_url(served_http) + "/no/such/route"),
+        post(served_http, {"input": "x"}, token=""),  # 401
+    ):
+        assert GENERATED_ID.fullmatch(answer.headers["x-request-id"]), answer.status_code
+
+
+@pytest.mark.parametrize(
+    "sent, echoed",
+    [("gateway-42/7f3a:b", True), ("x" * 128, True), ("x" * 129, False), ("two words", False), ("", False)],
+)
+def test_a_callers_own_request_id_comes_back_when_it_is_a_sane_token(
+    served_http: ServerThread, sent: str, echoed: bool
+) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Request-Id": sent}
+    answer = httpx.post(base_url(served_http) + "/v1/embeddings", json={"input": "x"}, headers=headers, timeout=20)
+    assert answer.status_code == 200
+    got = answer.headers["x-request-id"]
+    assert got == sent if echoed else GENERATED_ID.fullmatch(got)
+    jsonschema.validate(got, SCHEMAS["components"]["headers"]["RequestId"]["schema"])  # as /openapi.json says
+
+
+def test_a_500_is_logged_with_the_request_id_its_caller_was_given(
+    tiny_artifacts: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ServerThread(server_config(tiny_artifacts))
+
+    def fails(rows):  # type: ignore[no-untyped-def]
+        raise RuntimeError("injected fault")
+
+    server.server.batcher.swap_backend(fails)
+    try:
+        with caplog.at_level(logging.WARNING, logger="server.http"):
+            answer = httpx.post(base_url(server) + "/v1/embeddings", json={"input": "unlucky"}, timeout=20)
+        assert answer.status_code == 500 and answer.json()["error"]["type"] == "server_error"
+        request_id = answer.headers["x-request-id"]
+        assert any(request_id in r.getMessage() and "500" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        server.stop()
 
 
 def test_a_body_larger_than_the_limit_is_refused_before_it_is_read(served_http: ServerThread) -> None:
@@ -634,7 +689,7 @@ def test_browsers_on_allowed_origins_get_cors_headers_and_others_none(
         assert answer.headers["vary"] == "origin"
         # A page's script reads a response header only when the server exposes it.
         assert answer.headers["x-dimensions-trained"] == "false"
-        assert answer.headers["access-control-expose-headers"] == "x-dimensions-trained"
+        assert answer.headers["access-control-expose-headers"] == "x-dimensions-trained, x-request-id"
         error = httpx.post(url + "/v1/embeddings", json={"input": []}, headers={"Origin": app})
         assert error.status_code == 400 and error.headers["access-control-allow-origin"] == app  # readable too
 
