@@ -18,11 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import itertools
 import json
 import logging
-import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +49,8 @@ from server.http_fields import ParamError, openai_fields, optional_field, parse_
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
 from server.pipeline import Tokenized, validate
+from server.request_ids import REQUEST_ID as REQUEST_ID_NAME
+from server.request_ids import RequestIds
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +108,7 @@ Header = tuple[bytes, bytes]
 Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
-REQUEST_ID = b"x-request-id"  # on every answer, as OpenAI's API sends it; the `openai` client reads it
-# A caller's own id (a gateway's, a client's trace) comes back unchanged when it is 1-128 visible ASCII characters;
-# anything else is replaced, never refused: a request is not worth failing over its label.
-CALLERS_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+REQUEST_ID = REQUEST_ID_NAME.encode()  # on every answer, as OpenAI's API sends it; the `openai` client reads it
 EXPOSED_HEADERS = DIMENSIONS_TRAINED + b", " + REQUEST_ID  # what a browser on an allowed origin may read
 MODEL_ROUTE = "/v1/models/"  # GET /v1/models/{model}: the name may hold slashes (sentence-transformers/...)
 OPEN_ROUTES = ("/health", "/ready", "/openapi.json")  # GET, no token, answered while loading or draining too
@@ -122,20 +118,6 @@ CORS_HEADERS = b"authorization, content-type"  # allowed when a preflight does n
 def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
     """A request header's value (ASGI names are lower-case), or None."""
     return next((v for k, v in scope["headers"] if k == name), None)
-
-
-class RequestIds:
-    """Each answer's ``x-request-id``: the caller's own when it is a sane token, else ``req_`` and 32 hex digits,
-    unique across restarts and ``--workers`` (a random half per process, a counter for the other)."""
-
-    def __init__(self) -> None:
-        self._prefix = f"req_{secrets.token_hex(8)}"
-        self._count = itertools.count()
-
-    def __call__(self, given: bytes | None) -> bytes:
-        if given is not None and CALLERS_REQUEST_ID.fullmatch(given):
-            return given
-        return f"{self._prefix}{next(self._count):016x}".encode()
 
 
 def _model_name(path: str) -> str | None:

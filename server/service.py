@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import numpy as np
@@ -34,6 +34,7 @@ from server.errors import (
 from server.metrics import Metrics
 from server.models import ModelInfo, ServedModel, ServingState
 from server.pipeline import Embedded
+from server.request_ids import REQUEST_ID, RequestIds
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
@@ -225,6 +226,20 @@ class RpcAccounting:
         self.state = state
         self.metrics = metrics
         self.admission = admission
+        self._request_ids = RequestIds()
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, method: str, code: grpc.StatusCode, details: str
+    ) -> NoReturn:
+        """Ends a failed call with its status. Its trailing metadata carries the request id (the caller's
+        ``x-request-id``, else one made here), which an INTERNAL's log line names: a caller's report leads to
+        the log. Only failures pay for it."""
+        given = next((v for k, v in context.invocation_metadata() or () if k == REQUEST_ID), None)
+        request_id = self._request_ids(given.encode() if isinstance(given, str) else given).decode()
+        if code == grpc.StatusCode.INTERNAL:
+            log.warning("%s answered INTERNAL to request %s: %s", method, request_id, details)
+        await context.abort(code, details, trailing_metadata=((REQUEST_ID, request_id),))
+        raise AssertionError("unreachable: abort raises")
 
     @contextlib.contextmanager
     def _observe(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[Call]:
@@ -268,8 +283,7 @@ class RpcAccounting:
                 return await work(call)
             except Exception as e:
                 error = self._failed(e, method, call)
-                await context.abort(call.code, str(error))
-                raise AssertionError("unreachable: abort raises") from None
+                await self._refuse(context, method, call.code, str(error))
             finally:
                 received.release()
 
@@ -297,8 +311,7 @@ class RpcAccounting:
                 return await work(call, received)
             except Exception as e:
                 error = self._failed(e, method, call)
-                await context.abort(call.code, str(error))
-                raise AssertionError("unreachable: abort raises") from None
+                await self._refuse(context, method, call.code, str(error))
             finally:
                 if received is not None:
                     received.release()
@@ -365,9 +378,8 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         if self._open_streams >= self._max_streams:
             self.metrics.rejected("overloaded")
             self.metrics.requests.labels("grpc", "EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name, "").inc()
-            await context.abort(
-                status_for(Overloaded("")), f"{self._open_streams} streams open, the limit; retry later"
-            )
+            details = f"{self._open_streams} streams open, the limit; retry later"
+            await self._refuse(context, "EmbedStream", status_for(Overloaded("")), details)
         self._open_streams += 1
         # The semaphore bounds the requests computing at once; a task is created only once it holds a
         # place, so a stream cancelled while its reader waits for room leaves no task behind.
@@ -398,7 +410,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
                 try:
                     response = await task
                 except EmbedError as e:
-                    await context.abort(status_for(e), f"stream request {position}: {e}")
+                    await self._refuse(context, "EmbedStream", status_for(e), f"stream request {position}: {e}")
                 window.release()
                 yield response
                 position += 1

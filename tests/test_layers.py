@@ -26,7 +26,7 @@ MAY_IMPORT = {
 
 # Inside server/, lowest first: a module imports only modules of lower layers.
 SERVER_LAYERS = (
-    {"errors", "loops", "memory", "runtime", "client"},
+    {"errors", "loops", "memory", "runtime", "client", "request_ids"},
     {"config", "admission", "auth", "backend", "batcher", "tokenize"},
     {"metrics", "workers"},
     {"pipeline"},

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -171,6 +173,32 @@ def test_stream_error_ends_the_stream_naming_the_request(served: ServerThread) -
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "stream request 2" in error.value.details()
     assert len(got) == 2
+
+
+GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
+
+
+def request_id(error: grpc.RpcError) -> str:
+    return dict(error.trailing_metadata() or ())["x-request-id"]  # type: ignore[attr-defined]
+
+
+def test_a_failed_call_carries_a_request_id_the_callers_own_when_it_sent_a_sane_one(served: ServerThread) -> None:
+    stub = served.stub()
+    ids = []
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(request(""))
+        ids.append(request_id(refused.value))
+    assert all(GENERATED_ID.fullmatch(i) for i in ids) and ids[0] != ids[1]
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Embed(request(""), metadata=[("x-request-id", "gateway-42/7f3a:b")])
+    assert request_id(refused.value) == "gateway-42/7f3a:b"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Embed(request(""), metadata=[("x-request-id", "two words")])
+    assert GENERATED_ID.fullmatch(request_id(refused.value))
+    with pytest.raises(grpc.RpcError) as ended:  # a stream's failure too
+        list(stub.EmbedStream(iter([request("fine"), request("")])))
+    assert GENERATED_ID.fullmatch(request_id(ended.value))
 
 
 def test_info_reports_model_limits_and_provider(served: ServerThread) -> None:
@@ -379,7 +407,10 @@ def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_arti
         server.stop()
 
 
-def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(tiny_artifacts) -> None:
+def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(
+    tiny_artifacts, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="server.service")
     server = ServerThread(server_config(tiny_artifacts))
     calls = []
 
@@ -397,6 +428,9 @@ def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(tiny_artifa
         assert error.value.code() == grpc.StatusCode.INTERNAL
         assert "RuntimeError" in error.value.details()
         assert len(stub.Embed(request("lucky", "again")).embeddings) == 2
+        # The log names the id the caller was given, so the caller's report leads to it.
+        logged = [r.getMessage() for r in caplog.records if r.name == "server.service"]
+        assert any(request_id(error.value) in m and "INTERNAL" in m for m in logged), logged
     finally:
         server.stop()
 
