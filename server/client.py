@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from server.request_ids import REQUEST_ID
 
 DEFAULT_TARGET = "localhost:50051"
 
@@ -271,7 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 out = {"status": client.health(args.service)}
     except grpc.RpcError as e:
-        print(json.dumps({"code": e.code().name, "message": e.details()}), file=sys.stderr)
+        error = {"code": e.code().name, "message": e.details()}
+        # The server's label for a failed call (absent when the call never reached it): quote it in a report.
+        trailing = dict(e.trailing_metadata() or ())  # type: ignore[attr-defined]
+        if REQUEST_ID in trailing:
+            error["request_id"] = trailing[REQUEST_ID]
+        print(json.dumps(error), file=sys.stderr)
         return 1
     print(json.dumps(out))
     # `health` doubles as a container health check: exit 0 only when SERVING.

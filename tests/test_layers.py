@@ -26,7 +26,8 @@ MAY_IMPORT = {
 
 # Inside server/, lowest first: a module imports only modules of lower layers.
 SERVER_LAYERS = (
-    {"errors", "loops", "memory", "runtime", "client", "request_ids"},
+    {"request_ids"},
+    {"errors", "loops", "memory", "runtime", "client"},
     {"config", "admission", "auth", "backend", "batcher", "tokenize"},
     {"metrics", "workers"},
     {"pipeline"},

@@ -450,7 +450,8 @@ def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str
     assert main(["--target", served.target, "health"]) == 0
     assert json.loads(capsys.readouterr().out) == {"status": "SERVING"}
     assert main(["--target", served.target, "embed", ""]) == 1
-    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    refused = json.loads(capsys.readouterr().err)
+    assert refused["code"] == "INVALID_ARGUMENT" and GENERATED_ID.fullmatch(refused["request_id"])
     assert main(["--target", served.target, "embed", "--dimensions", "8", "hello"]) == 0
     short = np.array(json.loads(capsys.readouterr().out)["embeddings"][0])
     assert short.shape == (8,) and abs(np.linalg.norm(short) - 1) < 1e-5
