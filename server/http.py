@@ -48,9 +48,10 @@ from server.errors import (
 from server.http_fields import ParamError, openai_fields, optional_field, parse_input, tei_fields, token_rows
 from server.metrics import Metrics
 from server.models import ServedModel, ServingState
-from server.pipeline import Tokenized, validate
+from server.pipeline import Embedded, Tokenized, validate
 from server.request_ids import REQUEST_ID as REQUEST_ID_NAME
 from server.request_ids import RequestIds
+from server.runtime import CUDA
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
 OPENAPI = Path(__file__).parent / "openapi.json"
 T = TypeVar("T")
 Header = tuple[bytes, bytes]
+Seconds = tuple[float, float, float]  # a request's tokenizing, queued and inference seconds
 Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
@@ -350,7 +352,7 @@ class HttpApi:
 
     async def _embeddings(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
         """OpenAI's `/v1/embeddings`."""
-        call, rows, tokens, encoding = await self._embedded(scope, receive, client, "input", openai_fields)
+        call, rows, tokens, encoding, _ = await self._embedded(scope, receive, client, "input", openai_fields)
         if encoding == "base64":
             embeddings: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
         else:
@@ -364,19 +366,31 @@ class HttpApi:
         return 200, orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
 
     async def _embed(self, scope: dict[str, Any], receive: Any, client: str) -> tuple[int, bytes]:
-        """text-embeddings-inference's `/embed` (and `/`): `inputs` in, a bare list of float vectors out."""
-        _, rows, _, _ = await self._embedded(scope, receive, client, "inputs", tei_fields)
-        return 200, orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
+        """text-embeddings-inference's `/embed` (and `/`): `inputs` in, a bare list of float vectors out, and
+        TEI's headers saying what the request cost (its clients' benchmarks read them)."""
+        started = time.perf_counter()
+        call, rows, tokens, characters, seconds = await self._embedded(scope, receive, client, "inputs", tei_fields)
+        body = orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
+        total = _whole_ms(time.perf_counter() - started)
+        compute_type = b"gpu" if call.model.info.execution_provider == CUDA else b"cpu"
+        tokenizing, queued, inference = (_whole_ms(s) for s in seconds)
+        scope.setdefault("embed.headers", []).extend(
+            [(b"x-compute-type", compute_type), (b"x-compute-time", total),
+             (b"x-compute-characters", b"%d" % characters), (b"x-compute-tokens", b"%d" % tokens),
+             (b"x-total-time", total), (b"x-tokenization-time", tokenizing), (b"x-queue-time", queued),
+             (b"x-inference-time", inference)]
+        )  # fmt: skip
+        return 200, body
 
     async def _embedded(
         self, scope: dict[str, Any], receive: Any, client: str, field: str, own_fields: Callable[[dict[str, Any]], T]
-    ) -> tuple[EmbedCall, np.ndarray, int, T]:
+    ) -> tuple[EmbedCall, np.ndarray, int, T, Seconds]:
         """The embedding routes' shared work: the body read and admitted, the fields both routes share read
         (``own_fields`` reads the route's own), the inputs of ``field`` embedded, in parts beyond the
-        pipeline's limit. Returns the call, the embeddings (float32 rows), their token count, and what
-        ``own_fields`` returned."""
+        pipeline's limit. Returns the call, the embeddings (float32 rows), their token count, what
+        ``own_fields`` returned, and the seconds spent tokenizing, queued and in inference (summed over parts)."""
         body, tickets = await self._read_json(scope, receive, client)
-        embedded: tuple[np.ndarray, int] | None = None  # (embeddings, tokens) of a request run in parts
+        embedded: tuple[np.ndarray, int, Seconds] | None = None  # (embeddings, tokens, seconds) of one in parts
         try:
             model = self.state.resolve(optional_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
@@ -407,8 +421,8 @@ class HttpApi:
                 ticket.release()  # a request of the pipeline's size: only its token rows wait for the batch
         if embedded is None:
             result = await model.pipeline.compute(tokenized, normalize, None, client, dimensions)
-            embedded = (result.embeddings, sum(result.token_counts))
-        return call, np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1], own
+            embedded = (result.embeddings, sum(result.token_counts), _seconds(result))
+        return call, np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1], own, embedded[2]
 
     async def _tokenized(self, call: EmbedCall, inputs: list[Any], first: int = 0) -> Tokenized:
         """Texts tokenized, or token id rows checked, as one request of the pipeline's size; ``first`` is the
@@ -420,7 +434,7 @@ class HttpApi:
         except BadInput as e:  # the request's field (`input`), where gRPC's message names `inputs`
             raise ParamError(f"{call.field}[{first + e.index}] {e.problem}", call.field) from None
 
-    async def _in_parts(self, call: EmbedCall, inputs: list[Any], receive: Any) -> tuple[np.ndarray, int]:
+    async def _in_parts(self, call: EmbedCall, inputs: list[Any], receive: Any) -> tuple[np.ndarray, int, Seconds]:
         """A request over the pipeline's limit, as consecutive requests of that size: the same queue, fairness
         and refusals as separate requests, one part in the queue at a time. A client that goes away stops it."""
         pipeline = call.model.pipeline
@@ -435,7 +449,7 @@ class HttpApi:
             raise ParamError(f"{call.field}[{start + e.index}] {e.problem}", call.field) from None
         gone = asyncio.ensure_future(receive())  # completes when the client disconnects
         try:
-            embeddings, tokens = [], 0
+            embeddings, tokens, seconds = [], 0, (0.0, 0.0, 0.0)
             for start in starts:
                 if _went_away(gone):
                     raise Cancelled("the client went away")
@@ -446,7 +460,8 @@ class HttpApi:
                 result = await pipeline.compute(tokenized, call.normalize, None, call.client, call.dimensions)
                 embeddings.append(result.embeddings)
                 tokens += sum(result.token_counts)
-            return np.concatenate(embeddings), tokens
+                seconds = tuple(a + b for a, b in zip(seconds, _seconds(result), strict=True))  # type: ignore[assignment]
+            return np.concatenate(embeddings), tokens, seconds
         finally:
             gone.cancel()
 
@@ -518,6 +533,15 @@ class HttpApi:
             reason = "draining" if self.state.draining else "not_ready"
         if reason is not None:
             self.metrics.rejected(reason, model)
+
+
+def _seconds(result: Embedded) -> Seconds:
+    return result.tokenize_seconds, result.queue_seconds, result.inference_seconds
+
+
+def _whole_ms(seconds: float) -> bytes:
+    """TEI's unit for its timing headers: whole milliseconds, rounded down."""
+    return b"%d" % int(seconds * 1000)
 
 
 def _internal(error: Exception, route: str, request_id: bytes) -> Internal:

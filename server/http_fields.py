@@ -118,11 +118,14 @@ def openai_fields(body: dict[str, Any]) -> str:
     return encoding
 
 
-def tei_fields(body: dict[str, Any]) -> None:
-    """`/embed`'s own fields, checked: texts are cut at the end only, and the models have no prompts."""
+def tei_fields(body: dict[str, Any]) -> int:
+    """`/embed`'s own fields, checked: texts are cut at the end only, and the models have no prompts. Returns
+    the inputs' characters (TEI's `x-compute-characters`; 0 for token ids), read after `inputs` was checked."""
     direction = optional_field(body, "truncation_direction", str, "right")
     if direction.lower() != "right":
         raise ParamError(f"'truncation_direction' must be right, not {direction!r}: inputs are cut at the end only",
                          "truncation_direction")  # fmt: skip
     if optional_field(body, "prompt_name", str, None) is not None:
         raise ParamError("'prompt_name': the served models have no prompts; prepend the text", "prompt_name")
+    inputs = body["inputs"]
+    return len(inputs) if isinstance(inputs, str) else sum(len(x) for x in inputs if isinstance(x, str))

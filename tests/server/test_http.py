@@ -10,6 +10,7 @@ import re
 import select
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -149,6 +150,45 @@ def test_tei_clients_get_the_same_embeddings_from_embed_and_the_root(served_http
         refused = post(served_http, {"inputs": "ok", field: value}, path="/embed")
         assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
     assert post(served_http, {"inputs": "ok", "truncation_direction": "Right"}, path="/embed").status_code == 200
+
+
+TEI_TIMES = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
+
+
+def test_embed_answers_say_what_they_cost_in_teis_headers(served_http: ServerThread) -> None:
+    """TEI's headers on `/embed`: its clients' benchmarks read them. Whole milliseconds; a batch held 80 ms in the
+    backend shows in the inference and total times; tokens and characters count every part of a long request."""
+    texts = [f"text number {i}" for i in range(11)]  # over the pipeline's 8: two parts
+    tokens = post(served_http, {"input": texts}).json()["usage"]["total_tokens"]
+    gate = GatedBackend(served_http.server)
+
+    def release_80_ms_after_the_first_batch_arrives() -> None:
+        eventually(lambda: gate.held >= 1, what="the request's first batch in the backend")
+        time.sleep(0.08)
+        gate.release()
+
+    releasing = threading.Thread(target=release_80_ms_after_the_first_batch_arrives)
+    releasing.start()
+    try:
+        answer = post(served_http, {"inputs": texts}, path="/embed")
+    finally:
+        releasing.join()
+        gate.remove()
+    assert answer.status_code == 200
+    headers = answer.headers
+    provider = served_http.server.state.resolve("").info.execution_provider
+    assert headers["x-compute-type"] == ("gpu" if provider == "CUDAExecutionProvider" else "cpu")
+    assert int(headers["x-compute-tokens"]) == tokens
+    assert int(headers["x-compute-characters"]) == sum(len(t) for t in texts)
+    total, tokenizing, queued, inference = (int(headers[name]) for name in TEI_TIMES)
+    assert headers["x-compute-time"] == headers["x-total-time"]
+    assert inference >= 80 and total >= inference and min(tokenizing, queued) >= 0
+    documented = SCHEMAS["paths"]["/embed"]["post"]["responses"]["200"]["headers"]
+    for name, documentation in documented.items():  # each as /openapi.json describes it
+        schema = SCHEMAS["components"]["headers"][documentation["$ref"].rsplit("/", 1)[1]]["schema"]
+        if name != "x-dimensions-trained":  # only when the request asks for dimensions
+            jsonschema.validate(headers[name], schema)
+    assert not any(name in post(served_http, {"input": texts}).headers for name in TEI_TIMES)  # OpenAI's route: none
 
 
 @pytest.mark.parametrize(
