@@ -106,7 +106,6 @@ REASON_FOR_ERROR: dict[type[EmbedError], str] = {  # embed_rejections_total's re
 OPENAPI = Path(__file__).parent / "openapi.json"
 T = TypeVar("T")
 Header = tuple[bytes, bytes]
-Seconds = tuple[float, float, float]  # a request's tokenizing, queued and inference seconds
 Route = Callable[[dict[str, Any], Any, str], Awaitable[tuple[int, bytes]]]  # (scope, receive, client) -> status, body
 JSON: list[Header] = [(b"content-type", b"application/json")]
 DIMENSIONS_TRAINED = b"x-dimensions-trained"  # true | false, on an embeddings answer that asked for dimensions
@@ -237,10 +236,10 @@ class HttpApi:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            domain = e if isinstance(e, EmbedError) else _internal(e, label, request_id)
+            domain = e if isinstance(e, EmbedError) else _internal(e, label)
             self._count_refusal(domain, scope.get("embed.model", ""))
             status, body = error_body(domain)
-            if status == 500 and isinstance(e, EmbedError):  # the batch's own failure is logged where it failed
+            if status == 500:  # the failure itself is logged where it happened; this line names the request
                 log.warning("%s answered 500 to request %s: %s", label, request_id.decode(), domain)
         finally:
             self.state.in_flight -= 1
@@ -369,11 +368,13 @@ class HttpApi:
         """text-embeddings-inference's `/embed` (and `/`): `inputs` in, a bare list of float vectors out, and
         TEI's headers saying what the request cost (its clients' benchmarks read them)."""
         started = time.perf_counter()
-        call, rows, tokens, characters, seconds = await self._embedded(scope, receive, client, "inputs", tei_fields)
+        call, rows, tokens, characters, parts = await self._embedded(scope, receive, client, "inputs", tei_fields)
         body = orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
         total = _whole_ms(time.perf_counter() - started)
         compute_type = b"gpu" if call.model.info.execution_provider == CUDA else b"cpu"
-        tokenizing, queued, inference = (_whole_ms(s) for s in seconds)
+        tokenizing = _whole_ms(sum(part.tokenize_seconds for part in parts))
+        queued = _whole_ms(sum(part.queue_seconds for part in parts))
+        inference = _whole_ms(sum(part.inference_seconds for part in parts))
         scope.setdefault("embed.headers", []).extend(
             [(b"x-compute-type", compute_type), (b"x-compute-time", total),
              (b"x-compute-characters", b"%d" % characters), (b"x-compute-tokens", b"%d" % tokens),
@@ -384,13 +385,13 @@ class HttpApi:
 
     async def _embedded(
         self, scope: dict[str, Any], receive: Any, client: str, field: str, own_fields: Callable[[dict[str, Any]], T]
-    ) -> tuple[EmbedCall, np.ndarray, int, T, Seconds]:
+    ) -> tuple[EmbedCall, np.ndarray, int, T, list[Embedded]]:
         """The embedding routes' shared work: the body read and admitted, the fields both routes share read
         (``own_fields`` reads the route's own), the inputs of ``field`` embedded, in parts beyond the
         pipeline's limit. Returns the call, the embeddings (float32 rows), their token count, what
-        ``own_fields`` returned, and the seconds spent tokenizing, queued and in inference (summed over parts)."""
+        ``own_fields`` returned, and the pipeline's answer to each part (one, unless the request ran in parts)."""
         body, tickets = await self._read_json(scope, receive, client)
-        embedded: tuple[np.ndarray, int, Seconds] | None = None  # (embeddings, tokens, seconds) of one in parts
+        parts: list[Embedded] | None = None  # a request run in parts: the answer to each
         try:
             model = self.state.resolve(optional_field(body, "model", str, "") or "")
             scope["embed.model"] = model.name  # for the metrics' model label
@@ -412,17 +413,18 @@ class HttpApi:
             if len(inputs) > model.pipeline.limits.max_client_batch_size:
                 # Within this block its body's places stay held (its memory is that of a call reading a
                 # body) until the last part is answered.
-                embedded = await self._in_parts(call, inputs, receive)
+                parts = await self._in_parts(call, inputs, receive)
             else:
                 tokenized = await self._tokenized(call, inputs)
         finally:
             del body
             for ticket in tickets:
                 ticket.release()  # a request of the pipeline's size: only its token rows wait for the batch
-        if embedded is None:
-            result = await model.pipeline.compute(tokenized, normalize, None, client, dimensions)
-            embedded = (result.embeddings, sum(result.token_counts), _seconds(result))
-        return call, np.ascontiguousarray(embedded[0], dtype="<f4"), embedded[1], own, embedded[2]
+        if parts is None:
+            parts = [await model.pipeline.compute(tokenized, normalize, None, client, dimensions)]
+        rows = parts[0].embeddings if len(parts) == 1 else np.concatenate([part.embeddings for part in parts])
+        tokens = sum(sum(part.token_counts) for part in parts)
+        return call, np.ascontiguousarray(rows, dtype="<f4"), tokens, own, parts
 
     async def _tokenized(self, call: EmbedCall, inputs: list[Any], first: int = 0) -> Tokenized:
         """Texts tokenized, or token id rows checked, as one request of the pipeline's size; ``first`` is the
@@ -434,7 +436,7 @@ class HttpApi:
         except BadInput as e:  # the request's field (`input`), where gRPC's message names `inputs`
             raise ParamError(f"{call.field}[{first + e.index}] {e.problem}", call.field) from None
 
-    async def _in_parts(self, call: EmbedCall, inputs: list[Any], receive: Any) -> tuple[np.ndarray, int, Seconds]:
+    async def _in_parts(self, call: EmbedCall, inputs: list[Any], receive: Any) -> list[Embedded]:
         """A request over the pipeline's limit, as consecutive requests of that size: the same queue, fairness
         and refusals as separate requests, one part in the queue at a time. A client that goes away stops it."""
         pipeline = call.model.pipeline
@@ -449,7 +451,7 @@ class HttpApi:
             raise ParamError(f"{call.field}[{start + e.index}] {e.problem}", call.field) from None
         gone = asyncio.ensure_future(receive())  # completes when the client disconnects
         try:
-            embeddings, tokens, seconds = [], 0, (0.0, 0.0, 0.0)
+            answers = []
             for start in starts:
                 if _went_away(gone):
                     raise Cancelled("the client went away")
@@ -457,11 +459,8 @@ class HttpApi:
                     tokenized = await self._tokenized(call, inputs[start : start + part], start)
                 else:
                     tokenized = Tokenized(rows[start : start + part], [], 0.0)
-                result = await pipeline.compute(tokenized, call.normalize, None, call.client, call.dimensions)
-                embeddings.append(result.embeddings)
-                tokens += sum(result.token_counts)
-                seconds = tuple(a + b for a, b in zip(seconds, _seconds(result), strict=True))  # type: ignore[assignment]
-            return np.concatenate(embeddings), tokens, seconds
+                answers.append(await pipeline.compute(tokenized, call.normalize, None, call.client, call.dimensions))
+            return answers
         finally:
             gone.cancel()
 
@@ -535,17 +534,13 @@ class HttpApi:
             self.metrics.rejected(reason, model)
 
 
-def _seconds(result: Embedded) -> Seconds:
-    return result.tokenize_seconds, result.queue_seconds, result.inference_seconds
-
-
 def _whole_ms(seconds: float) -> bytes:
     """TEI's unit for its timing headers: whole milliseconds, rounded down."""
     return b"%d" % int(seconds * 1000)
 
 
-def _internal(error: Exception, route: str, request_id: bytes) -> Internal:
-    log.error("unexpected error in %s, request %s", route, request_id.decode(), exc_info=error)
+def _internal(error: Exception, route: str) -> Internal:
+    log.error("unexpected error in %s", route, exc_info=error)
     return Internal(f"internal error ({type(error).__name__}); the server log has the details")
 
 

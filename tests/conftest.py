@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import threading
 import time
@@ -111,6 +112,10 @@ class GatedBackend:
     def remove(self) -> None:
         self.release()
         self._batcher.swap_backend(self._real)
+
+
+# An x-request-id the server made (server/request_ids.py): req_ and 32 hex digits.
+GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
 
 
 def eventually(predicate, timeout: float = 10, what: str = "") -> None:  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ import asyncio
 import gzip
 import json
 import logging
-import re
 import select
 import socket
 import subprocess
@@ -24,7 +23,16 @@ import pytest
 from huggingface_hub import InferenceClient
 
 from server.http import openapi_document
-from tests.conftest import GatedBackend, ServerThread, counter, eventually, read_response, request, server_config
+from tests.conftest import (
+    GENERATED_ID,
+    GatedBackend,
+    ServerThread,
+    counter,
+    eventually,
+    read_response,
+    request,
+    server_config,
+)
 
 TOKEN = "s3cret-http"
 SCHEMAS = openapi_document()
@@ -352,9 +360,6 @@ def test_the_openai_client_raises_its_own_errors(served_http: ServerThread) -> N
         )
     response = post(served_http, {"input": "x"}, token="")
     assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
-
-
-GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
 
 
 def test_every_answer_carries_a_request_id_that_the_openai_client_reads(served_http: ServerThread) -> None:

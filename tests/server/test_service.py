@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from server.client import AsyncEmbeddingClient, EmbeddingClient
 from server.service import embeddings_message
 from server.tokenize import TextTokenizer
 from tests.conftest import (
+    GENERATED_ID,
     SENTENCES,
     GatedBackend,
     ServerThread,
@@ -173,9 +173,6 @@ def test_stream_error_ends_the_stream_naming_the_request(served: ServerThread) -
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "stream request 2" in error.value.details()
     assert len(got) == 2
-
-
-GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
 
 
 def request_id(error: grpc.RpcError) -> str:
