@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -40,6 +38,7 @@ from bench.measure import (
     per_batch_latency,
     plan_batches,
     raw_rates,
+    texts_on_disk,
     time_batches,
     traffic,
     transport_server,
@@ -204,9 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     trained = warm_model(args.model_dir, texts, args.provider)
     minilm_dir = args.minilm_dir or args.model_dir / "minilm"
     minilm = warm_model(minilm_dir, texts[:MINILM_TEXTS], args.provider)  # fails early when it is missing
-    with tempfile.TemporaryDirectory() as tmp:
-        texts_file = Path(tmp) / "texts.json"
-        texts_file.write_text(json.dumps(texts))
+    with texts_on_disk(texts) as texts_file:
         transport_readings = [measure_transport(trained.runtime.dim, texts_file, args.duration)]
         print("1. the trained model: raw ceiling, server with and without batching, HTTP against gRPC", flush=True)
         plan = Plan([], CONCURRENCY, CONCURRENCY, PROTOCOL_LOADS, 300, threads, BATCH8_CONCURRENCY)

@@ -15,7 +15,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, gpu_name, traffic, workers_reading
+from bench.measure import ROOT, cpu_name, gpu_name, nvidia_smi, texts_on_disk, traffic, workers_reading
 from bench.report import scaling_table, table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -68,10 +67,7 @@ def parity(model_dir: Path, texts: list[str]) -> dict[str, Any]:
 
 def gpu_memory() -> dict[str, int]:
     """GPU memory in use now, MiB (-1 where nvidia-smi does not tell)."""
-    done = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
-    )
-    return {"gpu_memory_mib": int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout.strip() else -1}
+    return {"gpu_memory_mib": int((nvidia_smi("memory.used") or ["-1"])[0])}
 
 
 def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str, object]]:
@@ -155,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         command = [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda"]
         subprocess.run([*command, "--out", str(out), "--duration", str(args.duration)], cwd=ROOT, check=True)
     if "scaling" in steps:
-        with tempfile.TemporaryDirectory() as tmp:
-            texts_file = Path(tmp) / "texts.json"
-            texts_file.write_text(json.dumps(traffic()))
+        with texts_on_disk(traffic()) as texts_file:
             report["scaling"] = {
                 "run": run | {"gpu_memory_read": GPU_MEMORY_READ},
                 "rows": scaling(args.model_dir, texts_file, args.duration),

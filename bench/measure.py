@@ -8,6 +8,7 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,10 +35,25 @@ def cpu_name() -> str:
     return names[0] if names else platform.processor() or "unknown"
 
 
+def nvidia_smi(fields: str) -> list[str]:
+    """The first GPU's values of nvidia-smi's comma-separated query fields; [] where nvidia-smi does not tell."""
+    query = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
+    done = subprocess.run(query, capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[0].split(", ") if done.returncode == 0 and done.stdout.strip() else []
+
+
 def gpu_name() -> str:
-    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
-    name, _, driver = subprocess.run(query, capture_output=True, text=True).stdout.strip().partition(", ")
+    name, driver = [*nvidia_smi("name,driver_version"), "", ""][:2]
     return f"{name} (driver {driver})" if driver else name
+
+
+@contextmanager
+def texts_on_disk(texts: list[str]) -> Iterator[Path]:
+    """The texts as the JSON file the load generator reads, for as long as the block runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "texts.json"
+        path.write_text(json.dumps(texts))
+        yield path
 
 
 def forward_flops(config: Mapping[str, Any], batch: int, sequence: int) -> float:
