@@ -6,6 +6,8 @@ import asyncio
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,8 @@ import pytest
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.app import EmbeddingServer, create_server
 from server.config import ServerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Servers the tests start as processes (`python -m server`) take any free HTTP port, never 8080.
 os.environ.setdefault("EMBED_HTTP_PORT", "0")
@@ -112,6 +116,21 @@ class GatedBackend:
     def remove(self) -> None:
         self.release()
         self._batcher.swap_backend(self._real)
+
+
+def serve_exits(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """`python -m server` run as an operator would, for settings or models it must refuse before it serves:
+    its exit code and everything it printed."""
+    ports = ["--port", "0", "--http-port", "0", "--metrics-port", "-1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "server", *ports, "--model-dir", "/nonexistent", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout + done.stderr
 
 
 # An x-request-id the server made (server/request_ids.py): req_ and 32 hex digits.

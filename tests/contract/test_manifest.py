@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from contract.manifest import SCHEMA_VERSION, Manifest, ManifestError
-from tests.server.test_config import serve_exits
+from tests.conftest import serve_exits
 
 
 def small() -> Manifest:

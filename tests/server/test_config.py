@@ -1,18 +1,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import subprocess
-import sys
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from server.config import ServerConfig, parse_config
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import serve_exits
 
 
 def test_defaults_follow_the_design_contract() -> None:
@@ -94,20 +90,6 @@ def test_models_are_named_pairs_from_flags_or_one_variable(capsys: pytest.Captur
         with pytest.raises(SystemExit):
             parse_config(bad, environ={})
         assert message in capsys.readouterr().err
-
-
-def serve_exits(args: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run `python -m server` as an operator would; it must refuse before listening or loading a model."""
-    ports = ["--port", "0", "--http-port", "0", "--metrics-port", "-1"]
-    done = subprocess.run(
-        [sys.executable, "-m", "server", *ports, "--model-dir", "/nonexistent", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.returncode, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
