@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, gpu_name, nvidia_smi, texts_on_disk, traffic, workers_reading
-from bench.report import scaling_table, table
+from bench.measure import ROOT, cpu_name, gpu_name, merge_counts, nvidia_smi, texts_on_disk, traffic, workers_reading
+from bench.report import table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
 
@@ -33,6 +33,8 @@ WORKERS = (1, 2, 4, 8)
 LOAD_PROCESSES = 8
 PARITY_TEXTS = 64
 GPU_MEMORY_READ = "after both loads, the server still running"  # when workers_reading asks nvidia-smi
+SCALING_LOADS = ("1 text x 128 clients", "8 texts x 32 clients")  # each --workers reading's two loads, in order
+SCALING_FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per load, with decimals
 
 
 def cuda_loads(model_dir: Path) -> str | None:
@@ -82,6 +84,19 @@ def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str
         reading = workers_reading(folder, flags, n, LOAD_PROCESSES, texts_file, duration, gpu_memory)
         rows.append({"model": name, "precision": precision, "workers": n, **reading})
     return rows
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> str:
+    """The `--workers` readings: one row per model, precision and workers."""
+    cells = [cell for load in SCALING_LOADS for cell in (f"{load}: texts/s", "p50 ms", "p99 ms")]
+    header = ["model", "precision", "workers", "GPU memory MiB", *cells, "errors"]
+    table_rows = []
+    for r in rows:
+        figures = [f"{x[k]:.{d}f}" for x in (r["single"], r["batch8"]) for k, d in SCALING_FIGURES]
+        kinds = merge_counts(x.get("error_kinds", {}) for x in (r["single"], r["batch8"]))
+        errors = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
+        table_rows.append([r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors])
+    return table(header, table_rows, 2)
 
 
 def parity_row(name: str, p: dict[str, Any]) -> list[object]:

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.measure import merge_counts, serial_limit
+from bench.measure import serial_limit
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MET_LABELS = {True: "yes", False: "**no**", None: "**not measured**"}
@@ -21,8 +21,6 @@ TARGET_LOADS = (
     ("8 texts x 16 clients", "batch8", 16),
 )
 Row = tuple[str, str, str, bool | None]
-SCALING_LOADS = ("1 text x 128 clients", "8 texts x 32 clients")  # the GPU check's --workers readings, in order
-SCALING_FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per load, with decimals
 
 
 def at(sweep: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
@@ -168,26 +166,14 @@ def protocols_table(p: dict[str, Any]) -> str:
     return table(header, rows)
 
 
-def scaling_table(rows: list[dict[str, Any]]) -> str:
-    """The GPU check's `--workers` readings (bench/gpu_check.py): one row per model, precision and workers."""
-    cells = [cell for load in SCALING_LOADS for cell in (f"{load}: texts/s", "p50 ms", "p99 ms")]
-    header = ["model", "precision", "workers", "GPU memory MiB", *cells, "errors"]
-    table_rows = []
-    for r in rows:
-        figures = [f"{x[k]:.{d}f}" for x in (r["single"], r["batch8"]) for k, d in SCALING_FIGURES]
-        kinds = merge_counts(x.get("error_kinds", {}) for x in (r["single"], r["batch8"]))
-        errors = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
-        table_rows.append([r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors])
-    return table(header, table_rows, 2)
-
-
 def gpu_of(machine: dict[str, Any]) -> str:
     """ "; GPU <name> (driver <version>)" where a CUDA run recorded its GPU, else nothing."""
     return f"; GPU {machine['gpu']}" if machine.get("gpu") else ""
 
 
 def gpu_text(r: dict[str, Any], out: Path) -> str:
-    """This run's GPU section: the figures of the CUDA run and the GPU check in docs/gpu/, where they exist."""
+    """This run's GPU section, from docs/gpu/ where it holds a CUDA run: that run's targets, and the GPU check's
+    parity and `--workers` runs, whose tables live in gpu/gpu-check.md alone."""
     if on_cuda(r):
         return "This file is a CUDA run (`make gpu-check` runs one); parity and `--workers` scaling: [gpu-check.md](gpu-check.md)."
     gpu = out / "gpu"
@@ -200,18 +186,12 @@ def gpu_text(r: dict[str, Any], out: Path) -> str:
             "every figure in [gpu/benchmarks.md](gpu/benchmarks.md)), the targets on the CUDA execution provider:\n\n"
             + targets_table(cuda))  # fmt: skip
     check = json.loads((gpu / "gpu-check.json").read_text()) if (gpu / "gpu-check.json").exists() else {}
-    if "parity" in check:
-        run = check["parity"]["run"]
-        rows = [[name, f"{p['fp32_cuda_vs_cpu_max_abs']:.2e}", f"{p['fp16_worst_cosine']:.6f}", MET_LABELS[p["passes"]]]
-                for name, p in check["parity"]["models"].items()]  # fmt: skip
-        text += (f"\n\nParity by `{run['command']}` on {run['date']} ({run['gpu']}; [gpu/gpu-check.md](gpu/gpu-check.md)):"
-                 "\n\n" + table(["model", "fp32 CUDA vs CPU max abs", "fp16 worst cosine", "passes"], rows, 1))  # fmt: skip
-    if "scaling" in check:
-        run, rows = check["scaling"]["run"], check["scaling"]["rows"]
-        text += (f"\n\n`--workers` processes sharing the GPU, by `{run['command']}` on {run['date']} ({run['gpu']}; "
-                 f"{rows[0]['single']['processes']} load-generator processes, one connection each):\n\n"
-                 + scaling_table(rows))  # fmt: skip
-    return text
+    passes = all(p["passes"] for p in check.get("parity", {}).get("models", {}).values())
+    steps = {"parity": f"Export parity on CUDA ({'every model passes' if passes else '**a model fails**'})",
+             "scaling": "`--workers` processes sharing the GPU"}  # fmt: skip
+    runs = [f"{what} by `{check[step]['run']['command']}` on {check[step]['run']['date']} ({check[step]['run']['gpu']})"
+            for step, what in steps.items() if step in check]  # fmt: skip
+    return text + ("\n\n" + "; ".join(runs) + ": [gpu/gpu-check.md](gpu/gpu-check.md)." if runs else "")
 
 
 def plot(r: dict[str, Any], out: Path) -> None:
