@@ -44,7 +44,7 @@ def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
 
 
-def test_services_hpa_and_pod_monitor_point_at_the_deployment() -> None:
+def test_services_hpa_disruption_budget_and_pod_monitor_point_at_the_deployment() -> None:
     (deployment,) = by_kind("Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     services = by_kind("Service")
@@ -54,6 +54,9 @@ def test_services_hpa_and_pod_monitor_point_at_the_deployment() -> None:
     assert [s for s in services if s["spec"].get("clusterIP") == "None"]  # headless, for client-side LB
     (hpa,) = by_kind("HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    (budget,) = by_kind("PodDisruptionBudget")  # node drains evict one pod at a time, never the last one serving
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["spec"]["maxUnavailable"] == 1 < min(hpa["spec"]["minReplicas"], deployment["spec"]["replicas"])
     (monitor,) = by_kind("PodMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
