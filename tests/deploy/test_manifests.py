@@ -42,6 +42,10 @@ def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
     assert pod["terminationGracePeriodSeconds"] > delay + grace  # Kubernetes never cuts a drain short
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
+    (spread,) = pod["topologySpreadConstraints"]  # replicas on different nodes where there are several
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert spread["labelSelector"]["matchLabels"].items() <= labels.items()
 
 
 def test_services_hpa_disruption_budget_and_pod_monitor_point_at_the_deployment() -> None:
