@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.config import ServerConfig, parse_config
-from tests.conftest import serve_exits
+from tests.conftest import ROOT, serve_exits
 
 
 def test_defaults_follow_the_design_contract() -> None:
@@ -205,7 +205,7 @@ def test_the_readme_configuration_table_is_the_one_the_settings_describe() -> No
     README.md` after changing a setting, or this fails."""
     from server.config import README_TABLE, config_table, with_config_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert with_config_table(readme) == readme
     table = readme.split(README_TABLE[0])[1].split(README_TABLE[1])[0]
     assert table.strip() == config_table()

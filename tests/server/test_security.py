@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.client import EmbeddingClient, Security
-from tests.conftest import ServerThread, counter, serve_exits, server_config
+from tests.conftest import ROOT, ServerThread, counter, serve_exits, server_config
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -185,7 +185,7 @@ def test_without_a_health_port_none_is_opened(tiny_artifacts: Path) -> None:
 def test_tls_files_that_cannot_serve_stop_the_server_with_the_setting_named(pki: dict[str, str]) -> None:
     """A wrong file in a TLS setting: one line naming it and exit 2, before anything listens. gRPC's core
     would only log the cause and refuse the port."""
-    readme = str(Path(__file__).resolve().parents[2] / "README.md")
+    readme = str(ROOT / "README.md")
     server = ["--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"]]
     cases = [
         (["--tls-cert", readme, "--tls-key", readme], "(--tls-cert, --tls-key) are not a PEM certificate chain"),
