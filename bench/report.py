@@ -219,11 +219,12 @@ def plot(r: dict[str, Any], out: Path) -> None:
         plt.close(fig)
 
 
-def one_thread_text(tokens: int) -> str:
+def one_thread_text(tokens: int, cuda: bool) -> str:
+    main = "the CUDA session" if cuda else "two spinning threads"
     if tokens <= 0:
-        return "every batch on its threaded session, since one thread measured slower than two spinning threads at every size tried at warm-up"
-    return (f"batches of at most {tokens} padded tokens on its one-thread session, the most for which one thread "
-            "measured no slower than two spinning threads at warm-up")  # fmt: skip
+        return f"every batch on its {'CUDA' if cuda else 'threaded'} session, since one CPU thread measured slower than {main} at every size tried at warm-up"
+    return (f"batches of at most {tokens} padded tokens on its one-thread CPU session, the most for which one thread "
+            f"measured no slower than {main} at warm-up")  # fmt: skip
 
 
 def model_values(m: dict[str, Any]) -> dict[str, str]:
@@ -268,7 +269,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
     peak, flops = r["matmul_peak_flops"], {"raw ONNX Runtime ceiling": raw, "server at saturation": best}
     return model_values(r) | {f"m_{k}": v for k, v in model_values(m).items()} | {
-        "one_thread": one_thread_text(r["settings"]["one_thread_batch_tokens"]),
+        "one_thread": one_thread_text(r["settings"]["one_thread_batch_tokens"], on_cuda(r)),
         "protocol_seconds": f"{r['settings']['duration_per_level_s'] / 2:g}",
         "targets_table": targets_table(r),
         "batch8_table": table(["clients", "texts/s", "p50 ms (request)", "p99 ms (request)", "of ceiling"],

@@ -1,9 +1,10 @@
 """The ONNX Runtime backend: the InferenceSession, the provider that really loaded, warm-up.
 
-On the CPU a second, one-thread session may run the small batches: there ONNX Runtime's fork and join
-across threads costs more than it saves (the trained model, d_model 128, ran one text in 144 against 214
-us on one thread and on two, back to back, 2026-11-25, 2-core Intel Xeon VM). How small is measured at
-warm-up (``one_thread_batch_tokens``).
+A second, one-thread CPU session may run the small batches. On the CPU, ONNX Runtime's fork and join
+across threads costs more than it saves there (the trained model, d_model 128, ran one text in 144 against
+214 us on one thread and on two, back to back, 2026-11-25, 2-core Intel Xeon VM); beside CUDA, every GPU
+run pays a fixed cost (about 0.7 ms on an H100) that a short text on one CPU core does not. How small is
+measured at warm-up (``one_thread_batch_tokens``).
 
 Pre-processing (padding token id rows into numpy) and the core call (``session.run``) live here;
 post-processing (normalisation) is the service's. Nothing here knows about gRPC or batching.
@@ -229,13 +230,13 @@ class OnnxRuntime:
         return self.run(*pad_rows(rows, self.pad_id))
 
     def use_one_thread_up_to(self, tokens: int, max_len: int) -> int:
-        """Run batches of at most ``tokens`` padded tokens on a second, one-thread session; -1 measures how
+        """Run batches of at most ``tokens`` padded tokens on a second, one-thread CPU session; -1 measures how
         many (``one_thread_limit`` over ``ONE_THREAD_LADDER``, both sessions warmed up first), 0 runs every
-        batch on the main session. Only on the CPU, where the main session has more than one thread.
-        Returns the limit now in force.
+        batch on the main session. On the CPU where the main session has more than one thread, and beside
+        CUDA. Returns the limit now in force.
         """
         threads = self.options.intra_op_threads or os.cpu_count() or 1
-        if tokens == 0 or self.provider != CPU or threads == 1:
+        if tokens == 0 or (self.provider == CPU and threads == 1):
             self.one_thread_session, self.one_thread_batch_tokens = None, 0
             return 0
         self.one_thread_session = _open_session(self.model_path, self.options, 1, [CPU])
@@ -279,12 +280,15 @@ class OnnxRuntime:
 
     def tokens_within_alone(self, seconds: float, max_len: int) -> int:
         """The most padded tokens of one text, 8, 16, 32, ... up to ``max_len``, whose run measured within
-        ``seconds`` (median of ONE_THREAD_RUNS); 0: not even 8. Only on the CPU: there a run this short
-        stalls only if the whole machine does, while a GPU call can hang on its driver, and the caller runs
-        these texts on the event loop (decisions/0015)."""
-        if seconds <= 0 or self.provider != CPU:
+        ``seconds`` (median of ONE_THREAD_RUNS); 0: not even 8. Only texts that run on the CPU (beside CUDA,
+        those the one-thread session takes): a CPU run this short stalls only if the whole machine does,
+        while a GPU call can hang on its driver, and the caller runs these texts on the event loop
+        (decisions/0015)."""
+        on_cpu = max_len if self.provider == CPU else self.one_thread_batch_tokens
+        if seconds <= 0 or on_cpu <= 0:
             return 0
         lengths = [8 << k for k in range(max_len.bit_length()) if 8 << k < max_len] + [max_len]
+        lengths = [length for length in lengths if length <= on_cpu]
         limit = 0
         for length in lengths:
             if self._median_run_seconds(1, length, runs=ONE_THREAD_RUNS) > seconds:

@@ -293,6 +293,8 @@ def test_the_report_says_when_no_batch_runs_on_one_thread() -> None:
     assert values(run, ROOT / "docs")["one_thread"].startswith("every batch on its threaded session")
     run["settings"]["one_thread_batch_tokens"] = 256
     assert values(run, ROOT / "docs")["one_thread"].startswith("batches of at most 256 padded tokens")
+    run["machine"]["provider"] = "CUDAExecutionProvider"
+    assert values(run, ROOT / "docs")["one_thread"].endswith("no slower than the CUDA session at warm-up")
 
 
 def test_parallel_load_generators_add_up_and_merge_their_latencies(served: ServerThread, tmp_path: Path) -> None:
