@@ -135,9 +135,9 @@ class ServerConfig:
     )
     one_thread_batch_tokens: int = setting(
         -1,
-        "batches of at most this many padded tokens run on a second, one-thread ONNX Runtime session, where "
-        "threads cost more than they save (-1 = the most for which one thread measured no slower at warm-up, "
-        "0 = off; CPU only)",
+        "batches of at most this many padded tokens run on a second, one-thread ONNX Runtime session on the CPU, "
+        "where the main session's threads (or, on CUDA, each GPU run's fixed cost) cost more than they save "
+        "(-1 = the most for which one thread measured no slower at warm-up, 0 = off)",
     )
     inline_batch_ms: float = setting(
         0.5,
