@@ -1,9 +1,9 @@
 """The ONNX Runtime backend: the InferenceSession, the provider that really loaded, warm-up.
 
-A second, one-thread CPU session may run the small batches. On the CPU, ONNX Runtime's fork and join
-across threads costs more than it saves there (the trained model, d_model 128, ran one text in 144 against
-214 us on one thread and on two, back to back, 2026-11-25, 2-core Intel Xeon VM); beside CUDA, every GPU
-run pays a fixed cost (about 0.7 ms on an H100) that a short text on one CPU core does not. How small is
+A second, one-thread CPU session may run the small batches. For them, ONNX Runtime's fork and join across
+a CPU session's threads costs more than it saves (the trained model, d_model 128, ran one text in 144
+against 214 us on one thread and on two, back to back, 2026-11-25, 2-core Intel Xeon VM), and a run on
+CUDA pays a fixed cost (about 0.7 ms on an H100) that a short text on one CPU core does not. How small is
 measured at warm-up (``one_thread_batch_tokens``).
 
 Pre-processing (padding token id rows into numpy) and the core call (``session.run``) live here;
