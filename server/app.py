@@ -365,6 +365,8 @@ class EmbeddingServer:
                 "max_length": str(info.max_input_length),
                 "provider": info.execution_provider,
                 "precision": info.precision,
+                # Beside CUDA too, batches up to this size run on one CPU thread (decisions/0011).
+                "one_thread_batch_tokens": str(info.one_thread_batch_tokens),
             }
         )
         pipeline = Pipeline(loaded.tokenizer, batcher, limits, metrics, self.config.tokenizer_threads, info.dim)

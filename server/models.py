@@ -36,6 +36,7 @@ class ModelInfo:
     version: str
     max_batch_tokens: int  # this model's: --max-batch-tokens, lowered to run within --max-batch-seconds
     inline_batch_tokens: int  # one text of at most this many tokens runs within --inline-batch-ms
+    one_thread_batch_tokens: int  # batches of at most this many padded tokens run on the one-thread CPU session
     trained_dimensions: tuple[int, ...]  # lengths built and measured to stand alone (the manifest's matryoshka_dims)
     exported_at: int  # Unix time its manifest.json was written (by the export): OpenAI's model `created`
 
@@ -125,6 +126,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         version=VERSION,
         max_batch_tokens=max_batch_tokens,
         inline_batch_tokens=inline,
+        one_thread_batch_tokens=one_thread,
         trained_dimensions=manifest.trained_dimensions,
         exported_at=int((model_dir / MANIFEST_FILE).stat().st_mtime),
     )

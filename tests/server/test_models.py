@@ -141,6 +141,16 @@ def test_metrics_carry_the_model_label(two_models: ServerThread) -> None:
     assert models == {"small", "bert"}
 
 
+def test_the_model_info_metric_says_up_to_which_size_batches_run_on_one_cpu_thread(tiny_artifacts: Path) -> None:
+    server = ServerThread(server_config(tiny_artifacts, one_thread_batch_tokens=8, intra_op_threads=2))
+    try:
+        samples = [s for f in server.server.metrics.model_info.collect() for s in f.samples]
+        assert [s.labels["one_thread_batch_tokens"] for s in samples] == ["8"]
+        assert [s.labels["provider"] for s in samples] == ["CPUExecutionProvider"]
+    finally:
+        server.stop()
+
+
 def test_open_inference_protocol_reaches_each_model(two_models: ServerThread) -> None:
     with triton.InferenceServerClient(two_models.target) as client:
         for name in ("small", "bert"):
