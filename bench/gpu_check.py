@@ -39,8 +39,6 @@ SCALING_FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per
 
 def cuda_loads(model_dir: Path) -> str | None:
     """None when a CUDA session really runs here, else why not."""
-    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels the pip extras installed
-        ort.preload_dlls()
     try:  # the server's own check: refused where CUDA is not offered, or offered and did not load
         OnnxRuntime(model_dir, RuntimeOptions(provider="cuda"), pad_id=0)
     except RuntimeError as e:

@@ -12,9 +12,11 @@ post-processing (normalisation) is the service's. Nothing here knows about gRPC 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
+import io
 import logging
 import os
 import platform
@@ -158,10 +160,23 @@ def flush_denormals_on_this_thread(on: bool = True) -> bool:
 CUDA_OPTIONS = {"use_tf32": "0"}
 
 
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load CUDA 13 and cuDNN 9 from the nvidia-* wheels (``pip install 'onnxruntime-gpu[cuda,cudnn]'``, as
+    ``make gpu-check`` installs them), which sit on no library path: ONNX Runtime's CUDA provider finds them
+    only when they are loaded first (or named in LD_LIBRARY_PATH). Where they are missing, preload_dlls
+    prints a line per library; the session's get_providers() says afterwards whether CUDA loaded, so
+    those lines are dropped. Once per process (about 1 ms where they are missing)."""
+    if hasattr(ort, "preload_dlls"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            ort.preload_dlls()
+
+
 def _providers_for(option: str) -> list[str | tuple[str, dict[str, str]]]:
     if option == "cpu":
         return [CPU]
     if option in ("auto", "cuda") and CUDA in ort.get_available_providers():
+        preload_cuda_libraries()
         return [(CUDA, CUDA_OPTIONS), CPU]
     if option == "cuda":
         raise RuntimeError(f"--provider cuda asked, but this onnxruntime offers {ort.get_available_providers()}")

@@ -81,10 +81,6 @@ def a_gpu_is_here() -> bool:
 def test_cuda_fp32_equals_the_cpu(tiny_artifacts: Path) -> None:
     """On a GPU machine with CUDA 13 and cuDNN 9 (`make gpu-check` installs them): the CUDA provider really
     loads, and its fp32 embeddings are the CPU's within 1e-4."""
-    import onnxruntime as ort
-
-    if hasattr(ort, "preload_dlls"):
-        ort.preload_dlls()
     rng = np.random.default_rng(0)
     rows = [rng.integers(4, 60, size=n) for n in (3, 17, 9, 30)]
     ids, mask = pad_rows(rows, 0)
@@ -92,6 +88,33 @@ def test_cuda_fp32_equals_the_cpu(tiny_artifacts: Path) -> None:
     cuda = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cuda"), pad_id=0)
     assert cuda.providers[0] == "CUDAExecutionProvider"
     assert np.abs(cuda.run(ids, mask) - cpu.run(ids, mask)).max() <= 1e-4
+
+
+def test_cuda_libraries_are_loaded_quietly_once_before_a_session_that_may_use_cuda(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CUDA and cuDNN from the nvidia-* wheels are on no library path: the runtime loads them itself
+    (preload_dlls), once, and drops the lines preload_dlls prints where they are missing."""
+    from server import runtime
+
+    calls: list[int] = []
+
+    def preload() -> None:
+        calls.append(1)
+        print("Failed to load libcublasLt.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(runtime.ort, "preload_dlls", preload)
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [runtime.CUDA, runtime.CPU])
+    runtime.preload_cuda_libraries.cache_clear()
+    try:
+        OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu"), pad_id=0)
+        assert calls == []  # --provider cpu never asks for CUDA
+        for _ in range(2):
+            OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="auto"), pad_id=0)
+        assert calls == [1]
+        assert "Failed to load" not in capsys.readouterr().out
+    finally:
+        runtime.preload_cuda_libraries.cache_clear()
 
 
 class RecordingSession:
