@@ -38,18 +38,22 @@ NOT_IMPORTED_BY_RUN = transformers|sentence_transformers|huggingface_hub|pydanti
 COMPILE_RUN = @echo "byte-compiling what make run imports (about 10 s on 2 cores)"; $(PY) -m compileall -q -j 0 -x 'site-packages/(($(NOT_IMPORTED_BY_RUN))/|(.+/)?tests?/)' $(SITE_PACKAGES) >/dev/null || true
 COMPILE = @echo "byte-compiling the installed packages"; $(PY) -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
 
+# Where nvidia-smi lists a GPU, CUDA 13 and cuDNN 9 from PyPI too (the `cuda` extra), so that the server's
+# `--provider auto` runs on it; nowhere else (about 3 GB).
+GPU_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo ,cuda)
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11 is required"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing what make run needs into $(VENV) (torch, ONNX Runtime, gRPC, ...: 20-30 s on 2 cores)"
+	$(if $(GPU_EXTRA),@echo "nvidia-smi lists a GPU: CUDA 13 and cuDNN 9 from PyPI as well (onnxruntime-gpu's cuda and cudnn extras, about 3 GB)")
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e '.[train,codegen]'
+	$(PY) -m pip install -q --no-compile -e '.[train,codegen$(GPU_EXTRA)]'
 	$(COMPILE_RUN)
 	@touch $@
 $(DEV_STAMP): $(STAMP)
 	@echo "installing the test, lint and load tools into $(VENV)"
-	$(PY) -m pip install -q --no-compile -e '.[train,codegen,dev]'
+	$(PY) -m pip install -q --no-compile -e '.[train,codegen,dev$(GPU_EXTRA)]'
 	$(COMPILE)
 	@touch $@
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make gpu-check`: the CUDA backend's parity and speed, on a machine with an NVIDIA GPU.
 #
-#   1. installs the CUDA 13 / cuDNN 9 libraries ONNX Runtime needs (pip extras of onnxruntime-gpu);
+#   1. installs the CUDA 13 / cuDNN 9 libraries ONNX Runtime needs (the project's `cuda` extra: onnxruntime-gpu's
+#      cuda and cudnn extras; `make setup` installs it on its own where nvidia-smi lists a GPU);
 #   2. export parity on the CUDA execution provider: fp32 (TF32 off) against CPU (max abs <= 1e-4) and fp16
 #      (cosine >= 0.999), for the trained model and all-MiniLM-L6-v2;
 #   3. `python -m bench --provider cuda` -> docs/gpu/benchmarks.md;
@@ -19,6 +20,6 @@ fi
 nvidia-smi -L
 
 make dev-setup
-.venv/bin/python -m pip install -q 'onnxruntime-gpu[cuda,cudnn]==1.31.*'
+.venv/bin/python -m pip install -q -e '.[cuda]'  # a no-op where make setup saw the GPU
 make "${ARTIFACTS:-artifacts}/model.onnx" "${ARTIFACTS:-artifacts}/minilm/manifest.json"
 .venv/bin/python -m bench.gpu_check --model-dir "${ARTIFACTS:-artifacts}" --out docs
