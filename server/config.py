@@ -98,8 +98,8 @@ class ServerConfig:
     )
     memory_limit_mib: int = setting(
         0,
-        "the memory limit the budgets derive from when the cgroup sets none (`memory.max`); 0 = the machine's "
-        "memory. Peak RSS stays within 75% of it",
+        "the memory limit the budgets derive from: the lower of this and the cgroup's (`memory.max`); 0 = the "
+        "cgroup's, else the machine's memory. Peak RSS stays within 75% of it; `--workers N` gives each worker 1/N",
     )
     max_request_bytes: int = setting(
         0,

@@ -1,7 +1,8 @@
 """The memory the process may use, and the budgets derived from it (docs/reliability.md, "Memory").
 
-The limit is the cgroup's (``memory.max``, what Kubernetes sets from the container's limit), else
-``--memory-limit-mib``, else the machine's memory. Peak RSS is kept within ``TARGET_SHARE`` of it:
+The limit is the lower of the cgroup's (``memory.max``, what Kubernetes sets from the container's limit)
+and ``--memory-limit-mib``, where either is set, else the machine's memory; ``--workers N`` gives each
+worker a share of 1/N through that flag. Peak RSS is kept within ``TARGET_SHARE`` of it:
 what the models take once loaded and warmed up (their largest batch included) is measured, and the
 rest goes to request bodies received and not yet tokenized (the byte budget, ``Admission``).
 """
@@ -29,15 +30,18 @@ MIB = 1 << 20
 
 
 def memory_limit(flag_mib: int, cgroup_file: Path = CGROUP_MEMORY_MAX) -> tuple[int, str]:
-    """(bytes, where it came from): the cgroup's limit, else the flag, else the machine's memory."""
+    """(bytes, where it came from): the lower of the cgroup's limit and the flag, where either is set, else
+    the machine's memory. The flag only ever lowers the cgroup's: a process never plans for more memory
+    than its container has."""
+    limits = [(flag_mib * MIB, "--memory-limit-mib")] if flag_mib > 0 else []
     try:
         text = cgroup_file.read_text().strip()
         if text != "max":
-            return int(text), f"cgroup {cgroup_file}"
+            limits.append((int(text), f"cgroup {cgroup_file}"))
     except (OSError, ValueError):
         pass
-    if flag_mib > 0:
-        return flag_mib * MIB, "--memory-limit-mib"
+    if limits:
+        return min(limits, key=lambda limit: limit[0])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
 
 

@@ -1,10 +1,10 @@
 """`--workers N`: N server processes on one port (SO_REUSEPORT), supervised by a small parent.
 
 Each worker is a full `python -m server` with its own ONNX Runtime session, `cores // N` intra-op
-threads (unless --intra-op-threads says otherwise) and its own metrics port: --metrics-port + i for
-worker i. The kernel spreads incoming connections across the workers. SIGTERM/SIGINT to the parent
-is forwarded to every worker, each drains as a single server does, and the parent exits 0 when all
-of them did.
+threads (unless --intra-op-threads says otherwise), 1/N of the memory limit (server/memory.py) and its
+own metrics port: --metrics-port + i for worker i. The kernel spreads incoming connections across the
+workers. SIGTERM/SIGINT to the parent is forwarded to every worker, each drains as a single server
+does, and the parent exits 0 when all of them did.
 
 A worker that ends on its own (killed, crashed, or even exit 0) is restarted with the same command
 after a backoff that doubles from 0.5 s to 8 s and resets once a worker has run for a minute; the
@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 
 from server.config import ServerConfig
+from server.memory import MIB, memory_limit
 
 log = logging.getLogger("server.workers")
 
@@ -39,6 +40,8 @@ def _free_port(host: str) -> int:
 def worker_commands(config: ServerConfig, argv: Sequence[str]) -> list[list[str]]:
     port = config.port or _free_port(config.host)
     threads = config.intra_op_threads or max(1, (os.cpu_count() or 1) // config.workers)
+    # The workers share the container's memory: each plans its budgets for its share, not for all of it.
+    memory_share_mib = max(1, memory_limit(config.memory_limit_mib)[0] // config.workers // MIB)
     commands = []
     for i in range(config.workers):
         metrics_port = config.metrics_port + i if config.metrics_port > 0 else config.metrics_port
@@ -59,6 +62,8 @@ def worker_commands(config: ServerConfig, argv: Sequence[str]) -> list[list[str]
                 str(metrics_port),
                 "--intra-op-threads",
                 str(threads),
+                "--memory-limit-mib",
+                str(memory_share_mib),
             ]
         )
     return commands

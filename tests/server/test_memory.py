@@ -16,10 +16,12 @@ from tests.conftest import ServerThread, eventually, request, server_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_cgroup_limit_wins_then_the_flag_then_the_machine(tmp_path: Path) -> None:
+def test_the_lower_of_the_cgroup_limit_and_the_flag_wins_then_the_machine(tmp_path: Path) -> None:
     cgroup = tmp_path / "memory.max"
     cgroup.write_text("1073741824\n")
-    assert memory_limit(512, cgroup) == (1 << 30, f"cgroup {cgroup}")
+    assert memory_limit(0, cgroup) == (1 << 30, f"cgroup {cgroup}")
+    assert memory_limit(4096, cgroup) == (1 << 30, f"cgroup {cgroup}")  # never more than the container has
+    assert memory_limit(512, cgroup) == (512 * MIB, "--memory-limit-mib")  # a worker's share of it
     cgroup.write_text("max\n")  # no limit set on the cgroup
     assert memory_limit(512, cgroup) == (512 * MIB, "--memory-limit-mib")
     bytes_, source = memory_limit(0, tmp_path / "absent")

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from embedding.v1 import embedding_pb2_grpc
 from loadtest.run import wait_serving, wait_workers_loaded
+from server.memory import MIB, memory_limit
 from tests.conftest import eventually, request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,7 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # a failed check kills the workers with the parent (their group)
     )
     target = f"127.0.0.1:{port}"
     try:
@@ -98,14 +100,18 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         per_worker = [ok_requests(metrics_port), ok_requests(metrics_port + 1)]
         assert sum(per_worker) == 48
         assert all(count > 0 for count in per_worker), per_worker  # both served (chance of not: 2**-23)
+        share = memory_limit(0)[0] // 2 // MIB * MIB  # the machine's or the container's memory, halved
+        for worker_metrics in (metrics_port, metrics_port + 1):
+            limits = [s.value for s in samples(worker_metrics) if s.name == "embed_memory_limit_bytes"]
+            assert limits == [share]  # each worker plans its budgets for its half, not for all of it
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(60) == 0
         log = parent.stdout.read() if parent.stdout else ""
         assert log.count("stopped:") == 2 and "workers exited with [0, 0]" in log, log
     finally:
         if parent.poll() is None:
-            parent.kill()
-            print(parent.communicate()[0])  # the workers' log, shown by pytest when the test failed
+            os.killpg(parent.pid, signal.SIGKILL)  # the workers too: they hold the log's pipe open
+            print(parent.communicate(timeout=30)[0])  # the workers' log, shown by pytest when the test failed
 
 
 def worker_pids(log_path: Path) -> dict[int, int]:
