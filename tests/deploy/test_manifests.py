@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+K8S_GPU = K8S.parent / "k8s-gpu"
 KUBERNETES_VERSION = "1.31.0"
+KUSTOMIZATION = "kustomization.yaml"
 
 
 def documents() -> list[dict]:  # type: ignore[type-arg]
-    return [doc for path in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    paths = sorted(p for p in K8S.glob("*.yaml") if p.name != KUSTOMIZATION)
+    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def kustomization(folder: Path) -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((folder / KUSTOMIZATION).read_text())  # type: ignore[no-any-return]
+
+
+def gpu_documents() -> list[dict]:  # type: ignore[type-arg]
+    """deploy/k8s-gpu/ as `kubectl kustomize` renders it: deploy/k8s/'s documents, each JSON 6902 patch applied
+    to its target."""
+    overlay = kustomization(K8S_GPU)
+    assert overlay["resources"] == ["../k8s"]
+    docs = copy.deepcopy(documents())
+    for patch in overlay["patches"]:
+        kind, name = patch["target"]["kind"], patch["target"]["name"]
+        (index,) = [i for i, d in enumerate(docs) if d["kind"] == kind and d["metadata"]["name"] == name]
+        docs[index] = jsonpatch.apply_patch(docs[index], yaml.safe_load((K8S_GPU / patch["path"]).read_text()))
+    return docs
 
 
 def by_kind(kind: str) -> list[dict]:  # type: ignore[type-arg]
@@ -23,6 +45,39 @@ def by_kind(kind: str) -> list[dict]:  # type: ignore[type-arg]
 @pytest.mark.parametrize("doc", [d for d in documents() if d["kind"] != "PodMonitor"], ids=lambda d: d["kind"])
 def test_core_manifests_pass_strict_schema_validation(doc: dict) -> None:  # type: ignore[type-arg]
     kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("doc", [d for d in gpu_documents() if d["kind"] != "PodMonitor"], ids=lambda d: d["kind"])
+def test_the_gpu_overlays_core_manifests_pass_strict_schema_validation(doc: dict) -> None:  # type: ignore[type-arg]
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_kubectl_apply_k_applies_every_manifest_of_the_folder() -> None:
+    assert sorted(kustomization(K8S)["resources"]) == sorted(
+        p.name for p in K8S.glob("*.yaml") if p.name != KUSTOMIZATION
+    )
+
+
+def test_the_gpu_overlay_asks_for_a_gpu_requires_cuda_and_scrapes_every_worker() -> None:
+    docs = gpu_documents()
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["EMBED_PROVIDER"] == "cuda"  # a pod where CUDA does not load exits 2 instead of serving on its CPU
+    resources = container["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == 1 and resources["requests"] == resources["limits"]
+    assert container["image"].endswith("-cuda")  # built with --build-arg EXTRAS='[cuda]'
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    metrics = {p["name"]: p["containerPort"] for p in container["ports"] if p["name"].startswith("metrics")}
+    assert sorted(metrics.values()) == [9464 + i for i in range(int(env["EMBED_WORKERS"]))]  # worker i: 9464 + i
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert sorted(e["port"] for e in endpoints) == sorted(metrics)
+    assert all({"targetLabel": "job", "replacement": "embedding"} in e["relabelings"] for e in endpoints)
+    base = next(d for d in documents() if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    for kept in ("args", "readinessProbe", "livenessProbe", "startupProbe", "securityContext"):
+        assert container[kept] == base[kept]  # the drain, probes and security of the CPU deployment
 
 
 def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
