@@ -149,6 +149,8 @@ class Supervisor:
 def run_workers(config: ServerConfig, argv: Sequence[str]) -> int:
     supervisor = Supervisor(worker_commands(config, argv))
     log.info("started %d workers: pids %s", len(supervisor.children), [c.pid for c in supervisor.children])
+    limit, source = memory_limit(config.memory_limit_mib)
+    log.info("each worker's memory limit: 1/%d of %d MiB (%s)", config.workers, limit // MIB, source)
 
     def forward(signum: int, _frame: object) -> None:
         supervisor.stop()

@@ -108,6 +108,7 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         assert parent.wait(60) == 0
         log = parent.stdout.read() if parent.stdout else ""
         assert log.count("stopped:") == 2 and "workers exited with [0, 0]" in log, log
+        assert f"each worker's memory limit: 1/2 of {memory_limit(0)[0] // MIB} MiB" in log, log
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)  # the workers too: they hold the log's pipe open
