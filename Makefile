@@ -39,7 +39,7 @@ COMPILE_RUN = @echo "byte-compiling what make run imports (about 10 s on 2 cores
 COMPILE = @echo "byte-compiling the installed packages"; $(PY) -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
 
 # Where nvidia-smi lists a GPU, CUDA 13 and cuDNN 9 from PyPI too (the `cuda` extra), so that the server's
-# `--provider auto` runs on it; nowhere else (about 3 GB).
+# `--provider auto` can run on it; nowhere else (about 3 GB).
 GPU_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo ,cuda)
 venv: $(STAMP)
 $(STAMP): pyproject.toml

@@ -302,8 +302,8 @@ class OnnxRuntime:
         on_cpu = max_len if self.provider == CPU else self.one_thread_batch_tokens
         if seconds <= 0 or on_cpu <= 0:
             return 0
-        lengths = [8 << k for k in range(max_len.bit_length()) if 8 << k < max_len] + [max_len]
-        lengths = [length for length in lengths if length <= on_cpu]
+        doubling = [8 << k for k in range(max_len.bit_length()) if 8 << k < max_len] + [max_len]
+        lengths = [length for length in doubling if length <= on_cpu]
         limit = 0
         for length in lengths:
             if self._median_run_seconds(1, length, runs=ONE_THREAD_RUNS) > seconds:

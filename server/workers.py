@@ -37,11 +37,11 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def worker_commands(config: ServerConfig, argv: Sequence[str]) -> list[list[str]]:
+def worker_commands(config: ServerConfig, argv: Sequence[str], memory_limit_bytes: int) -> list[list[str]]:
     port = config.port or _free_port(config.host)
     threads = config.intra_op_threads or max(1, (os.cpu_count() or 1) // config.workers)
     # The workers share the container's memory: each plans its budgets for its share, not for all of it.
-    memory_share_mib = max(1, memory_limit(config.memory_limit_mib)[0] // config.workers // MIB)
+    memory_share_mib = max(1, memory_limit_bytes // config.workers // MIB)
     commands = []
     for i in range(config.workers):
         metrics_port = config.metrics_port + i if config.metrics_port > 0 else config.metrics_port
@@ -147,9 +147,9 @@ class Supervisor:
 
 
 def run_workers(config: ServerConfig, argv: Sequence[str]) -> int:
-    supervisor = Supervisor(worker_commands(config, argv))
-    log.info("started %d workers: pids %s", len(supervisor.children), [c.pid for c in supervisor.children])
     limit, source = memory_limit(config.memory_limit_mib)
+    supervisor = Supervisor(worker_commands(config, argv, limit))
+    log.info("started %d workers: pids %s", len(supervisor.children), [c.pid for c in supervisor.children])
     log.info("each worker's memory limit: 1/%d of %d MiB (%s)", config.workers, limit // MIB, source)
 
     def forward(signum: int, _frame: object) -> None:

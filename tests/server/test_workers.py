@@ -44,6 +44,12 @@ def fixed_ports() -> tuple[int, int]:
         return base, base + 1
 
 
+def kill_all(parent: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """A failed test's server: the parent and its workers (its process group, started with start_new_session)."""
+    if parent.poll() is None:
+        os.killpg(parent.pid, signal.SIGKILL)
+
+
 def samples(metrics_port: int) -> list:  # type: ignore[type-arg]
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -100,7 +106,8 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         per_worker = [ok_requests(metrics_port), ok_requests(metrics_port + 1)]
         assert sum(per_worker) == 48
         assert all(count > 0 for count in per_worker), per_worker  # both served (chance of not: 2**-23)
-        share = memory_limit(0)[0] // 2 // MIB * MIB  # the machine's or the container's memory, halved
+        limit = memory_limit(0)[0]  # the machine's or the container's memory
+        share = limit // 2 // MIB * MIB
         for worker_metrics in (metrics_port, metrics_port + 1):
             limits = [s.value for s in samples(worker_metrics) if s.name == "embed_memory_limit_bytes"]
             assert limits == [share]  # each worker plans its budgets for its half, not for all of it
@@ -108,10 +115,10 @@ def test_two_workers_share_the_port_report_their_own_metrics_and_drain_on_sigter
         assert parent.wait(60) == 0
         log = parent.stdout.read() if parent.stdout else ""
         assert log.count("stopped:") == 2 and "workers exited with [0, 0]" in log, log
-        assert f"each worker's memory limit: 1/2 of {memory_limit(0)[0] // MIB} MiB" in log, log
+        assert f"each worker's memory limit: 1/2 of {limit // MIB} MiB" in log, log
     finally:
         if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)  # the workers too: they hold the log's pipe open
+            kill_all(parent)  # the workers too: they hold the log's pipe open
             print(parent.communicate(timeout=30)[0])  # the workers' log, shown by pytest when the test failed
 
 
@@ -142,6 +149,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
             cwd=ROOT,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a failed check kills the workers with the parent (their group)
         )
     target = f"127.0.0.1:{port}"
     channels: list[grpc.Channel] = []
@@ -237,8 +245,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves_on_without_a_failur
             t.join(20)
         for channel in channels:
             channel.close()
-        if parent.poll() is None:
-            parent.kill()
+        kill_all(parent)
         print(log_path.read_text())  # the workers' log, shown by pytest when the test failed
 
 
