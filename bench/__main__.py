@@ -38,6 +38,7 @@ from bench.measure import (
     per_batch_latency,
     plan_batches,
     raw_rates,
+    server_limits,
     texts_on_disk,
     time_batches,
     traffic,
@@ -139,6 +140,7 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
     with local_server(str(w.folder), flags) as server:
         pid = server.process.pid
         result = {
+            "server_limits": server_limits(server.http),
             "server": load_sweep(server.target, plan.levels, texts_file, duration, watch_pid=pid),
             "server_batch8": load_sweep(server.target, plan.batch8_levels, texts_file, duration, 8, watch_pid=pid),
             "protocols": {

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -286,6 +287,14 @@ def transport_server(dim: int, protocol: str = "grpc") -> Iterator[LocalServer]:
     finally:
         process.terminate()
         process.wait(30)
+
+
+def server_limits(http_url: str) -> dict[str, int]:
+    """What a running server measured at its own warm-up for its default model (`GET /info`): its one-thread
+    and event-loop limits and its batch token budget, which move from one start to the next."""
+    with urllib.request.urlopen(f"{http_url}/info", timeout=10) as answer:
+        model = next(m for m in json.load(answer)["models"] if m["is_default"])
+    return {key: model[key] for key in ("one_thread_batch_tokens", "inline_batch_tokens", "max_batch_tokens")}
 
 
 def compare_protocols(  # type: ignore[type-arg]

@@ -227,6 +227,17 @@ def one_thread_text(tokens: int, cuda: bool) -> str:
             f"measured no slower than {main} at warm-up")  # fmt: skip
 
 
+def server_limits_text(limits: dict[str, int] | None) -> str:
+    if not limits:
+        return "not recorded in this run"
+    one, inline = limits["one_thread_batch_tokens"], limits["inline_batch_tokens"]
+    one_thread = (
+        f"batches of at most {one} padded tokens on one thread" if one else "every batch on its threaded session"
+    )
+    return (f"{one_thread}, a lone text of at most {inline} tokens on the event loop, "
+            f"at most {limits['max_batch_tokens']} padded tokens a batch")  # fmt: skip
+
+
 def model_values(m: dict[str, Any]) -> dict[str, str]:
     """One served model's tables and figures for its section of the template."""
     ceiling, pb = m["ceiling"]["texts_per_second"], m["per_batch"]
@@ -245,6 +256,7 @@ def model_values(m: dict[str, Any]) -> dict[str, str]:
         "int8_chosen": str((m["int8_build"] or {}).get("chosen")),
         "batching_most": f"{ceiling / m['singles_per_second']:.2f}x",
         "flags": " ".join(m["server_flags"]),
+        "server_limits": server_limits_text(m.get("server_limits")),
     }  # fmt: skip
 
 

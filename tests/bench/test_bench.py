@@ -297,6 +297,34 @@ def test_the_report_says_when_no_batch_runs_on_one_thread() -> None:
     assert values(run, ROOT / "docs")["one_thread"].endswith("no slower than the CUDA session at warm-up")
 
 
+def test_the_bench_reads_the_limits_the_running_server_measured_itself(served: ServerThread) -> None:
+    """The server measures its one-thread and event-loop limits and its batch budget at each start, and they move
+    from one start to the next: the report names the ones of the server it loaded."""
+    from bench.measure import server_limits
+
+    info = served.server.default.info
+    assert server_limits(f"http://127.0.0.1:{served.server.http_port}") == {
+        "one_thread_batch_tokens": info.one_thread_batch_tokens,
+        "inline_batch_tokens": info.inline_batch_tokens,
+        "max_batch_tokens": info.max_batch_tokens,
+    }
+
+
+def test_the_report_names_the_servers_own_limits_or_says_they_were_not_recorded() -> None:
+    from bench.report import values
+
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    run["server_limits"] = {"one_thread_batch_tokens": 64, "inline_batch_tokens": 32, "max_batch_tokens": 10240}
+    assert values(run, ROOT / "docs")["server_limits"] == (
+        "batches of at most 64 padded tokens on one thread, a lone text of at most 32 tokens on the event loop, "
+        "at most 10240 padded tokens a batch"
+    )
+    run["server_limits"]["one_thread_batch_tokens"] = 0
+    assert values(run, ROOT / "docs")["server_limits"].startswith("every batch on its threaded session, ")
+    del run["server_limits"]
+    assert values(run, ROOT / "docs")["server_limits"] == "not recorded in this run"
+
+
 def test_parallel_load_generators_add_up_and_merge_their_latencies(served: ServerThread, tmp_path: Path) -> None:
     from bench.measure import load
 
