@@ -284,6 +284,25 @@ def test_a_share_just_under_its_bar_never_reads_as_the_bar() -> None:
     assert met is False and measured.startswith("84.6% ")
 
 
+def test_a_ratio_just_under_its_bar_never_reads_as_the_bar() -> None:
+    """all-MiniLM-L6-v2 over HTTP at 0.947 of its gRPC rate against 0.95x: "0.95x" beside "no" reads as a
+    contradiction, so a ratio under its bar carries the decimals that show it."""
+    from bench.report import targets
+
+    run = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    for by in run["minilm"]["protocols"]["loads"].values():
+        for name, rate in (("grpc", 1000.0), ("http", 947.0)):
+            for reading in by[name]:
+                reading["texts_per_second"] = rate
+    rows = {name: (measured, met) for name, measured, _, met in targets(run)}
+    assert rows["all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads"] == ("0.947x", False)
+    for by in run["minilm"]["protocols"]["loads"].values():
+        for reading in by["http"]:
+            reading["texts_per_second"] = 951.0
+    rows = {name: (measured, met) for name, measured, _, met in targets(run)}
+    assert rows["all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads"] == ("0.95x", True)
+
+
 def test_the_report_says_when_no_batch_runs_on_one_thread() -> None:
     """0 one-thread tokens means the one-thread session is off, not batches of "at most 0 padded tokens"."""
     from bench.report import values
