@@ -243,8 +243,8 @@ def server_limits_text(limits: dict[str, int] | None) -> str:
     one_thread = (
         f"batches of at most {one} padded tokens on one thread" if one else "every batch on its threaded session"
     )
-    return (f"{one_thread}, a lone text of at most {inline} tokens on the event loop, "
-            f"at most {limits['max_batch_tokens']} padded tokens a batch")  # fmt: skip
+    alone = f"a lone text of at most {inline} tokens on the event loop" if inline else "no text on the event loop"
+    return f"{one_thread}, {alone}, at most {limits['max_batch_tokens']} padded tokens a batch"
 
 
 def model_values(m: dict[str, Any]) -> dict[str, str]:
