@@ -265,7 +265,6 @@ def model_values(m: dict[str, Any]) -> dict[str, str]:
         "int8_chosen": str((m["int8_build"] or {}).get("chosen")),
         "batching_most": f"{ceiling / m['singles_per_second']:.2f}x",
         "flags": " ".join(m["server_flags"]),
-        "server_limits": server_limits_text(m.get("server_limits")),
     }  # fmt: skip
 
 
@@ -291,6 +290,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     peak, flops = r["matmul_peak_flops"], {"raw ONNX Runtime ceiling": raw, "server at saturation": best}
     return model_values(r) | {f"m_{k}": v for k, v in model_values(m).items()} | {
         "one_thread": one_thread_text(r["settings"]["one_thread_batch_tokens"], on_cuda(r)),
+        "server_limits": server_limits_text(r.get("server_limits")),
         "protocol_seconds": f"{r['settings']['duration_per_level_s'] / 2:g}",
         "targets_table": targets_table(r),
         "batch8_table": table(["clients", "texts/s", "p50 ms (request)", "p99 ms (request)", "of ceiling"],

@@ -162,8 +162,8 @@ CUDA_OPTIONS = {"use_tf32": "0"}
 
 @functools.cache
 def preload_cuda_libraries() -> None:
-    """Load CUDA 13 and cuDNN 9 from the nvidia-* wheels (``pip install 'onnxruntime-gpu[cuda,cudnn]'``, as
-    ``make gpu-check`` installs them), which sit on no library path: ONNX Runtime's CUDA provider finds them
+    """Load CUDA 13 and cuDNN 9 from the nvidia-* wheels (the project's ``cuda`` extra, which ``make setup``
+    adds where nvidia-smi lists a GPU), which sit on no library path: ONNX Runtime's CUDA provider finds them
     only when they are loaded first (or named in LD_LIBRARY_PATH). Where they are missing, preload_dlls
     prints a line per library; the session's get_providers() says afterwards whether CUDA loaded, so
     those lines are dropped. Once per process (about 1 ms where they are missing)."""
