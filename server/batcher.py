@@ -15,7 +15,10 @@ errors. Policy (see docs/architecture.md):
   first ``sort_window`` items in length order, taking whichever neighbour adds the least padding, as
   long as padding stays under ``max_padding_ratio`` of the batch;
 * when the backend is idle, a batch leaves at once (or after ``max_delay`` counted from the arrival
-  of its oldest item); while a batch runs, the next one fills;
+  of its oldest item); while a batch runs, the next one fills, and the inference thread takes it from
+  the queue itself as soon as the batch is done, by the same rules, while the batch's results go back to
+  the event loop: a busy event loop delays answers, never the next batch. The queue is shared under a
+  lock; futures, timers and observers are touched on the event loop only;
 * admission: a request whose tokens would push the queue past ``max_queue_tokens`` is refused whole
   and at once; nothing of it is queued. The last ``RESERVED_SHARE`` of the queue takes only short
   requests (at most ``max_queue_tokens x SHORT_SHARE`` tokens) unless the queue is empty, so a flood
@@ -35,6 +38,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -174,6 +178,9 @@ class Batcher:
         self._virtual_time = 0.0  # the tag of the item the last batch was formed around
         self._finish_tags: dict[str, float] = {}  # per client: where its next item's tag starts
         self._running: list[_Item] = []  # the batch in the backend now
+        # Guards what the inference thread touches when it takes its next batch: the queue, its token count,
+        # the fair-queueing tags, _running and each request's ``queued``.
+        self._lock = threading.Lock()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -263,12 +270,13 @@ class Batcher:
             n=len(rows), deadline=deadline, admitted_at=now, future=loop.create_future(), remaining=len(rows)
         )
         request.queued = len(rows)
-        tag = max(self._virtual_time, self._finish_tags.get(client, 0.0))
-        for i, row in enumerate(rows):
-            bisect.insort(self._queue, _Item(request, i, row, now, tag), key=_tag)
-            tag += len(row)
-        self._finish_tags[client] = tag
-        self._queued_tokens += tokens
+        with self._lock:
+            tag = max(self._virtual_time, self._finish_tags.get(client, 0.0))
+            for i, row in enumerate(rows):
+                bisect.insort(self._queue, _Item(request, i, row, now, tag), key=_tag)
+                tag += len(row)
+            self._finish_tags[client] = tag
+            self._queued_tokens += tokens
         self._idle.clear()
         self._publish_queue()
         if deadline is not None:
@@ -305,10 +313,9 @@ class Batcher:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         stopped = NotReady("the server stopped before this request ran")
-        self._fail(self._running + self._queue, stopped)
-        self._running = []
-        self._queue.clear()
-        self._queued_tokens = 0
+        with self._lock:
+            left, self._running, self._queue, self._queued_tokens = self._running + self._queue, [], [], 0
+        self._fail(left, stopped)
         self._publish_queue()
         self._idle.set()
         self._executor.shutdown(wait=False)
@@ -333,8 +340,9 @@ class Batcher:
         if task.cancelled() or task.exception() is None or self._stopping:
             return
         log.error("the batch loop died; restarting it", exc_info=task.exception())
-        self._fail(self._running, InferenceFailed("internal error while running this batch"))
-        self._running = []
+        with self._lock:
+            running, self._running = self._running, []
+        self._fail(running, InferenceFailed("internal error while running this batch"))
         self._note_failure()
         self._task = None
         self.start()
@@ -373,12 +381,13 @@ class Batcher:
     def _deadline_due(self, request: _Request) -> None:
         """Fail a request whose deadline cannot be met while it still waits, before gRPC cancels it."""
         request.timer = None
-        if request.future.done() or request.queued == 0:
-            return  # answered, or all its items are computing already
-        if self._cannot_meet_deadline(request, self._clock()):
+        with self._lock:  # the inference thread may be taking its items into a batch right now
+            if request.future.done() or request.queued == 0:
+                return  # answered, or all its items are computing already
+            if not self._cannot_meet_deadline(request, self._clock()):
+                self._arm_deadline(request)  # batches got faster meanwhile: check again later
+                return
             self._expire(request)
-        else:
-            self._arm_deadline(request)  # batches got faster meanwhile: check again later
 
     def _request_done(self, request: _Request) -> None:
         if request.timer is not None:
@@ -394,32 +403,48 @@ class Batcher:
         """Remove items whose request is finished (cancelled, failed) or cannot meet its deadline."""
         self._sweep_pending = False
         now = self._clock()
+        with self._lock:
+            removed = self._remove_dead(now)
+        self._account_removed(removed, now)
+
+    def _remove_dead(self, now: float) -> list[_Item]:
+        """The queue's part of _drop_dead, under the lock, on either thread: no future is touched."""
         alive: list[_Item] = []
-        dropped: dict[str, int] = {}
+        removed: list[_Item] = []
         for item in self._queue:
             request = item.request
-            if not request.future.done() and self._cannot_meet_deadline(request, now):
-                self._expire(request)  # the timer fires late when the loop is busy: the same rule here
-            if request.future.done():
-                # gRPC cancels a handler at its deadline, or the client's cancellation arrives when the
-                # request could no longer make it anyway: both are the deadline's.
-                at_deadline = self._cannot_meet_deadline(request, now)
-                if request.expired or (request.future.cancelled() and at_deadline):
-                    reason = "deadline"
-                else:
-                    reason = "cancelled" if request.future.cancelled() else "failed"
-                dropped[reason] = dropped.get(reason, 0) + 1
+            if request.future.done() or self._cannot_meet_deadline(request, now):
+                removed.append(item)
                 self._queued_tokens -= item.length
                 request.queued -= 1
             else:
                 alive.append(item)
-        if dropped:
+        if removed:
             self._queue = alive
-            for reason, count in dropped.items():
-                self._observer.dropped(reason, count)
-            self._publish_queue()
-            if not self._queue:
-                self._wakeup.set()  # a loop waiting for the batch to fill sees the queue is empty
+        return removed
+
+    def _account_removed(self, removed: list[_Item], now: float) -> None:
+        """On the event loop: fail what was removed for its deadline, count every removal by its reason."""
+        if not removed:
+            return
+        dropped: dict[str, int] = {}
+        for item in removed:
+            request = item.request
+            if not request.future.done():
+                self._expire(request)  # the timer fires late when the loop is busy: the same rule here
+            # gRPC cancels a handler at its deadline, or the client's cancellation arrives when the
+            # request could no longer make it anyway: both are the deadline's.
+            at_deadline = self._cannot_meet_deadline(request, now)
+            if request.expired or (request.future.cancelled() and at_deadline):
+                reason = "deadline"
+            else:
+                reason = "cancelled" if request.future.cancelled() else "failed"
+            dropped[reason] = dropped.get(reason, 0) + 1
+        for reason, count in dropped.items():
+            self._observer.dropped(reason, count)
+        self._publish_queue()
+        if not self._queue:
+            self._wakeup.set()  # a loop waiting for the batch to fill sees the queue is empty
 
     def _publish_queue(self) -> None:
         self._observer.queue_changed(len(self._queue), self._queued_tokens)
@@ -432,17 +457,38 @@ class Batcher:
 
     # ---- forming a batch --------------------------------------------------------------------
     def _take_batch(self) -> list[_Item]:
-        self._drop_dead()
+        """On the event loop, when no batch is running: the next batch, now the backend's running one."""
+        now = self._clock()
+        with self._lock:
+            batch, removed = self._take_locked(now)
+        self._account_removed(removed, now)
+        self._publish_queue()
+        return batch
+
+    def _take_locked(self, now: float) -> tuple[list[_Item], list[_Item]]:
+        """Under the lock, on either thread: the next batch (made the running one) and the items removed
+        from the queue before it was formed, for _account_removed on the event loop."""
+        removed = self._remove_dead(now)
         if not self._queue:
-            return []
+            self._running = []
+            return [], removed
         self._virtual_time = max(self._virtual_time, self._queue[0].tag)
         # A client whose tags are all behind the virtual time starts from it anyway: forget it.
         self._finish_tags = {c: t for c, t in self._finish_tags.items() if t > self._virtual_time}
         batch = self._take_sorted() if self.policy.length_sorted else self._take_fifo()
         for item in batch:
             item.request.queued -= 1
-        self._publish_queue()
-        return batch
+        self._running = batch
+        return batch, removed
+
+    def _ready_for_next_locked(self, now: float) -> bool:
+        """Whether the inference thread takes the next batch itself: not when stopping or with nothing
+        queued, nor while a max_delay fill is still due (the event loop's _wait_for_fill times that)."""
+        if self._stopping or not self._queue:
+            return False
+        p = self.policy
+        filled = len(self._queue) >= p.max_batch_size or now >= self._queue[0].enqueued_at + p.max_delay
+        return p.max_delay <= 0 or filled
 
     def _take_sorted(self) -> list[_Item]:
         window = self._queue[: self.policy.sort_window]
@@ -490,38 +536,91 @@ class Batcher:
         return batch
 
     async def _run(self, batch: list[_Item]) -> None:
-        """Run one batch and answer its requests. Any failure fails only this batch's requests."""
-        self._running = batch
+        """Run ``batch``, and on the inference thread every batch that follows it without a pause."""
         started = self._clock()
-        try:
-            rows = [item.row for item in batch]
-            real_tokens = sum(len(r) for r in rows)
-            padded_tokens = len(rows) * max(len(r) for r in rows)
-            self._observer.batch_started(
-                len(batch), real_tokens, padded_tokens, [started - i.enqueued_at for i in batch]
-            )
-            if padded_tokens <= self.policy.inline_batch_tokens and not self._queue:
-                output = self._backend(rows)
-            else:
-                output = await asyncio.get_running_loop().run_in_executor(self._executor, self._backend, rows)
-            seconds = self._clock() - started
-            self._scatter(batch, output, started, seconds)
-        except asyncio.CancelledError:
-            self._fail(batch, NotReady("the server stopped while this request ran"))
-            self._running = []
-            raise
-        except Exception as e:  # one bad batch must not take the server down
-            self._running = []
-            self._fail(batch, InferenceFailed(f"inference failed for this batch ({type(e).__name__})"))
-            log.exception("inference failed for a batch of %d items", len(batch))
-            self._observer.batch_finished(self._clock() - started, ok=False)
-            self._note_failure()
+        self._batch_started(batch, started)
+        rows = [item.row for item in batch]
+        if len(rows) * max(len(r) for r in rows) <= self.policy.inline_batch_tokens and not self._queue:
+            try:
+                output, error = self._backend(rows), None
+            except Exception as e:  # one bad batch must not take the server down
+                output, error = None, e
+            self._batch_done(batch, output, error, started, self._clock() - started, [], 0.0, [])
             return
-        self._running = []
-        self._observer.batch_finished(seconds, ok=True)
-        self._expected_batch_seconds = 0.7 * self._expected_batch_seconds + 0.3 * seconds
-        self._follow_slowdown(padded_tokens, seconds)
-        self._note_success()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._run_in_thread, batch, started, loop)
+        except asyncio.CancelledError:
+            self._stopping = True  # the thread takes no further batch
+            with self._lock:
+                running, self._running = self._running, []
+            self._fail(running, NotReady("the server stopped while this request ran"))
+            raise
+        except Exception:  # a bug between batches, not in one: fail what is running, serve on
+            log.exception("the inference thread failed between batches")
+            with self._lock:
+                running, self._running = self._running, []
+            self._fail(running, InferenceFailed("internal error while running this batch"))
+            self._note_failure()
+
+    def _run_in_thread(self, batch: list[_Item], started: float, loop: asyncio.AbstractEventLoop) -> None:
+        """On the inference thread: run the batch, take the next one from the queue, hand the results to
+        the event loop, repeat until the queue is empty. Touches no future, timer or observer."""
+        while batch:
+            try:
+                output, error = self._backend([item.row for item in batch]), None
+            except Exception as e:  # one bad batch must not take the server down
+                output, error = None, e
+            finished = self._clock()
+            with self._lock:
+                ready = self._ready_for_next_locked(finished)
+                following, removed = self._take_locked(finished) if ready else ([], [])
+                if not ready:
+                    self._running = []
+            try:
+                loop.call_soon_threadsafe(
+                    self._batch_done, batch, output, error, started, finished - started, following, finished, removed
+                )
+            except RuntimeError:  # the event loop is closed: nobody is left to answer
+                return
+            batch, started = following, finished
+
+    def _batch_started(self, batch: list[_Item], started: float) -> None:
+        lengths = [item.length for item in batch]
+        waits = [started - item.enqueued_at for item in batch]
+        self._observer.batch_started(len(batch), sum(lengths), len(batch) * max(lengths), waits)
+
+    def _batch_done(
+        self,
+        batch: list[_Item],
+        output: np.ndarray | None,
+        error: Exception | None,
+        started: float,
+        seconds: float,
+        following: list[_Item],
+        following_started: float,
+        removed: list[_Item],
+    ) -> None:
+        """On the event loop: answer a finished batch; note the one the inference thread took after it."""
+        if error is None:
+            try:
+                self._scatter(batch, output, started, seconds)
+            except Exception as e:  # a malformed output, or a bug: fail this batch only
+                error = e
+        if error is None:
+            self._observer.batch_finished(seconds, ok=True)
+            self._expected_batch_seconds = 0.7 * self._expected_batch_seconds + 0.3 * seconds
+            self._follow_slowdown(len(batch) * max(item.length for item in batch), seconds)
+            self._note_success()
+        else:
+            self._fail(batch, InferenceFailed(f"inference failed for this batch ({type(error).__name__})"))
+            log.error("inference failed for a batch of %d items", len(batch), exc_info=error)
+            self._observer.batch_finished(seconds, ok=False)
+            self._note_failure()
+        self._account_removed(removed, following_started)
+        if following:
+            self._batch_started(following, following_started)
+            self._publish_queue()
 
     def _follow_slowdown(self, padded_tokens: int, seconds: float) -> None:
         """Size the budget so that a batch runs within max_batch_seconds at the slowdown measured now."""

@@ -161,6 +161,37 @@ def test_expired_and_cancelled_items_are_never_computed() -> None:
     assert computed == [1, 13]
 
 
+def test_the_inference_thread_takes_the_next_batch_while_the_event_loop_is_busy() -> None:
+    """A busy event loop delays answers, never the next batch: the inference thread takes it from the queue."""
+    calls: list[int] = []
+    release, second_ran = threading.Event(), threading.Event()
+
+    def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+        calls.append(len(rows))
+        if len(calls) == 1 and not release.wait(10):
+            raise AssertionError("the test never released the held batch")
+        if len(calls) == 2:
+            second_ran.set()
+        return np.array([[len(r), r[0]] for r in rows], dtype=np.float32)
+
+    async def run() -> bool:
+        batcher = Batcher(backend, BatchPolicy(max_queue_tokens=10_000))
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([row(1)]))
+        await settle()
+        queued = asyncio.create_task(batcher.submit([row(2, tag=7)]))
+        await settle()
+        assert batcher.queued_items == 1 and calls == [1]
+        release.set()
+        ran = second_ran.wait(5)  # holds the event loop, as parsing and answering other requests do
+        results = await asyncio.gather(first, queued)
+        assert [r.embeddings.tolist() for r in results] == [[[1, 1]], [[2, 7]]]
+        await batcher.close()
+        return ran
+
+    assert asyncio.run(run()), "the second batch waited for the event loop"
+
+
 def test_failed_batch_fails_only_its_requests() -> None:
     async def run() -> None:
         runtime = FakeRuntime(hold_first=False)
@@ -587,7 +618,8 @@ def test_a_short_batch_with_nothing_queued_runs_on_the_event_loop_and_any_other_
         batcher.start()
         await batcher.submit([row(4)])  # alone and short
         await batcher.submit([row(5)])  # alone, longer than the limit
-        # Two short ones at once: the first batch leaves the second queued behind it.
+        # Two short ones at once: the first batch leaves the second queued behind it, and the inference thread,
+        # awake already, takes that one itself.
         await asyncio.gather(batcher.submit([row(3)]), batcher.submit([row(2)]))
         batcher.swap_backend(backend)  # another backend: its speed was never measured
         await batcher.submit([row(1)])
@@ -596,7 +628,7 @@ def test_a_short_batch_with_nothing_queued_runs_on_the_event_loop_and_any_other_
     loop_thread = threading.current_thread().name
     asyncio.run(run(inline_batch_tokens=4))
     on_loop = [length for length, name in threads if name == loop_thread]
-    assert on_loop == [4, 2] and len(threads) == 5 and all(name.startswith("inference") for _, name in threads[1:3])
+    assert on_loop == [4] and len(threads) == 5 and all(name.startswith("inference") for _, name in threads[1:])
     threads.clear()
     asyncio.run(run(inline_batch_tokens=0))
     assert len(threads) == 5 and all(name.startswith("inference") for _, name in threads)
