@@ -545,6 +545,8 @@ class Batcher:
                 output, error = self._backend(rows), None
             except Exception as e:  # one bad batch must not take the server down
                 output, error = None, e
+            with self._lock:
+                self._running = []
             self._batch_done(batch, output, error, started, self._clock() - started, [], 0.0, [])
             return
         loop = asyncio.get_running_loop()
@@ -556,12 +558,8 @@ class Batcher:
                 running, self._running = self._running, []
             self._fail(running, NotReady("the server stopped while this request ran"))
             raise
-        except Exception:  # a bug between batches, not in one: fail what is running, serve on
-            log.exception("the inference thread failed between batches")
-            with self._lock:
-                running, self._running = self._running, []
-            self._fail(running, InferenceFailed("internal error while running this batch"))
-            self._note_failure()
+        # Any other exception is a bug between batches, not in one: the watchdog (_loop_ended) fails the
+        # running batch and restarts the loop.
 
     def _run_in_thread(self, batch: list[_Item], started: float, loop: asyncio.AbstractEventLoop) -> None:
         """On the inference thread: run the batch, take the next one from the queue, hand the results to

@@ -354,6 +354,35 @@ def test_a_batch_loop_that_dies_is_restarted_and_serves_the_queue() -> None:
     asyncio.run(run())
 
 
+def test_a_bug_in_the_inference_threads_take_fails_its_batch_and_the_queue_is_served() -> None:
+    async def run() -> None:
+        runtime = FakeRuntime()
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000))
+        take = batcher._take_locked
+        broken = threading.Event()
+
+        def broken_in_the_thread(now: float) -> tuple[list, list]:  # type: ignore[type-arg]
+            if threading.current_thread() is not threading.main_thread() and not broken.is_set():
+                broken.set()
+                raise RuntimeError("a bug in batch forming")
+            return take(now)
+
+        batcher._take_locked = broken_in_the_thread  # type: ignore[method-assign]
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([row(1)]))
+        await settle()
+        queued = asyncio.create_task(batcher.submit([row(2)]))
+        await settle()
+        runtime.release.set()
+        with pytest.raises(InferenceFailed):
+            await asyncio.wait_for(running, 5)  # its result was lost with the thread's step: failed, not left waiting
+        assert (await asyncio.wait_for(queued, 5)).embeddings.tolist() == [[2, 1]]
+        assert broken.is_set() and batcher.queued_items == 0
+        await batcher.close()
+
+    asyncio.run(run())
+
+
 def test_queue_gauges_follow_cancellations_even_when_no_batch_follows() -> None:
     async def run() -> tuple[Recorder, Batcher]:
         runtime, recorder, batcher, running = await held_batcher()
