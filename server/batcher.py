@@ -627,7 +627,7 @@ class Batcher:
             return
         predicted = p.fixed_batch_seconds + p.seconds_per_token * padded_tokens
         if predicted < MEASURED_SHARE * p.max_batch_seconds:
-            return  # a small batch's time is mostly the hand-over to the inference thread
+            return  # a small batch's time is mostly fixed costs (the hand-over, the call), not tokens
         self._slowdown = max(1.0, 0.5 * self._slowdown + 0.5 * seconds / predicted)
         fitting = (p.max_batch_seconds / self._slowdown - p.fixed_batch_seconds) / p.seconds_per_token
         # Never so small that a batch's time can no longer be measured: then the slowdown could not pass.
