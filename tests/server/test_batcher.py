@@ -245,6 +245,27 @@ def test_max_delay_lets_a_batch_fill_at_low_load() -> None:
     assert len(asyncio.run(run(0.6))) == 1  # a fill window gathers the three (they arrive within 0.2 s)
 
 
+def test_the_inference_thread_leaves_an_underfilled_batch_to_the_max_delay_window() -> None:
+    """After a batch, the thread takes the next one only when it is full or its oldest item has waited max_delay."""
+
+    async def run() -> list[list[int]]:
+        runtime = FakeRuntime()
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000, max_delay=1.0))
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([row(1)]))
+        await asyncio.sleep(1.1)  # the first batch leaves when its window closes, and is held in the backend
+        early = asyncio.create_task(batcher.submit([row(2)]))
+        await settle()
+        runtime.release.set()  # done while ``early`` has waited well under max_delay
+        await settle()
+        late = asyncio.create_task(batcher.submit([row(2)]))  # the same length: the padding cap keeps them together
+        await asyncio.gather(first, early, late)
+        await batcher.close()
+        return runtime.batches
+
+    assert asyncio.run(run()) == [[1], [2, 2]]
+
+
 def test_fifo_policy_takes_items_in_arrival_order_within_the_budget() -> None:
     async def run() -> FakeRuntime:
         runtime = FakeRuntime()
