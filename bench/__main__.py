@@ -25,26 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bench.measure import (
-    TRAFFIC_TEXTS,
-    compare_protocols,
-    cpu_name,
-    forward_flops,
-    gpu_name,
-    load_sweep,
-    matmul_peak_flops,
-    median_seconds,
-    padding_waste,
-    per_batch_latency,
-    plan_batches,
-    raw_rates,
-    server_limits,
-    texts_on_disk,
-    time_batches,
-    traffic,
-    transport_server,
-    workers_reading,
-)
+from bench import measure
 from bench.report import targets, write_report
 from contract.manifest import MANIFEST_FILE, Manifest
 from loadtest.run import local_server
@@ -76,16 +57,13 @@ def onnx_parameters(path: Path) -> int:
     return int(sum(np.prod(init.dims) for init in onnx.load(str(path)).graph.initializer))
 
 
-def higher(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
-    return a if a["texts_per_second"] >= b["texts_per_second"] else b
-
-
 def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, list[dict]]:  # type: ignore[type-arg]
     print("transport ceiling: the same proto answered with a fixed vector (bench/transport.py)", flush=True)
-    with transport_server(dim) as t:
+    sweep = partial(measure.load_sweep, texts_file=texts_file, duration=duration)
+    with measure.transport_server(dim) as t:
         return {
-            "single": load_sweep(t.target, TRANSPORT_SINGLE, texts_file, duration, watch_pid=t.process.pid),
-            "batch8": load_sweep(t.target, TRANSPORT_BATCH8, texts_file, duration, 8, watch_pid=t.process.pid),
+            "single": sweep(t.target, TRANSPORT_SINGLE, watch_pid=t.process.pid),
+            "batch8": sweep(t.target, TRANSPORT_BATCH8, per_request=8, watch_pid=t.process.pid),
         }
 
 
@@ -113,7 +91,7 @@ def warm_model(folder: Path, texts: list[str], provider: str) -> WarmModel:
     runtime.use_one_thread_up_to(defaults.one_thread_batch_tokens, tokenizer.max_length)  # small batches as served
     policy = batch_policy(defaults, batch_token_budget(runtime, defaults, tokenizer.max_length))
     runtime.warm_up(tokenizer.max_length, policy.max_batch_tokens, policy.max_batch_size)
-    return WarmModel(folder, manifest, tokenizer, runtime, rows, policy, plan_batches(rows, policy))
+    return WarmModel(folder, manifest, tokenizer, runtime, rows, policy, measure.plan_batches(rows, policy))
 
 
 class Plan(NamedTuple):
@@ -132,33 +110,35 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
     """One served model: its raw ceiling before and after the servers, single-text time, the server with and
     without batching, HTTP against gRPC, padding and per-batch latency."""
     rows, runtime, batches, policy = w.rows, w.runtime, w.batches, w.policy
-    readings = [len(rows) / time_batches(runtime, batches)]
+    readings = [len(rows) / measure.time_batches(runtime, batches)]
     print(f"  raw ceiling {readings[0]:.0f} texts/s", flush=True)
     runtime.run(*pad_rows(rows[:1], runtime.pad_id))  # one warm-up run, then each of the first texts alone in turn
-    singles = [median_seconds(partial(runtime.run, *pad_rows([r], runtime.pad_id)), 1, 0) for r in rows[: plan.singles]]
+    alone = [pad_rows([r], runtime.pad_id) for r in rows[: plan.singles]]
+    singles = [measure.median_seconds(partial(runtime.run, *padded), 1, 0) for padded in alone]
     flags = [*plan.flags, "--provider", provider]
+    sweep = partial(measure.load_sweep, texts_file=texts_file, duration=duration)
     with local_server(str(w.folder), flags) as server:
         pid = server.process.pid
         result = {
-            "server_limits": server_limits(server.http),
-            "server": load_sweep(server.target, plan.levels, texts_file, duration, watch_pid=pid),
-            "server_batch8": load_sweep(server.target, plan.batch8_levels, texts_file, duration, 8, watch_pid=pid),
+            "server_limits": measure.server_limits(server.http),
+            "server": sweep(server.target, plan.levels, watch_pid=pid),
+            "server_batch8": sweep(server.target, plan.batch8_levels, per_request=8, watch_pid=pid),
             "protocols": {
-                "loads": compare_protocols(
+                "loads": measure.compare_protocols(
                     server, w.manifest.dim, texts_file, duration / 2, PROTOCOL_ROUNDS, plan.protocol_loads
                 ),
-                "raw": raw_rates(runtime, rows, plan.protocol_loads, policy),
+                "raw": measure.raw_rates(runtime, rows, plan.protocol_loads, policy),
             },
         }
     with local_server(str(w.folder), [*flags, "--max-batch-size", "1"]) as server:
-        result["no_batching"] = load_sweep(server.target, plan.unbatched_levels, texts_file, duration)
-    readings.append(len(rows) / time_batches(runtime, batches))
+        result["no_batching"] = sweep(server.target, plan.unbatched_levels)
+    readings.append(len(rows) / measure.time_batches(runtime, batches))
     print(f"  raw ceiling again {readings[1]:.0f} texts/s", flush=True)
     ids, mask = pad_rows(rows[:32], runtime.pad_id)
-    fifo = replace(policy, length_sorted=False)
+    orders = {"sorted": policy, "fifo": replace(policy, length_sorted=False)}
     batch_provider = "cpu" if plan.torch_threads else provider  # beside eager PyTorch, which runs on the CPU
     config = w.manifest.config
-    flops = sum(forward_flops(config, len(b), max(len(r) for r in b)) for b in batches)
+    flops = sum(measure.forward_flops(config, len(b), max(len(r) for r in b)) for b in batches)
     return result | {
         "model_id": w.manifest.model_id,
         "config": config,
@@ -178,12 +158,12 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
         "single_text_ms": 1000 * float(np.median(singles)),
         "singles_per_second": len(singles) / sum(singles),
         "padding": {
-            f"c={c}": {"sorted": padding_waste(runtime, rows, policy, c), "fifo": padding_waste(runtime, rows, fifo, c)}
+            f"c={c}": {name: measure.padding_waste(runtime, rows, order, c) for name, order in orders.items()}
             for c in (32, 128)
         },
         "per_batch": {
             "shape": list(ids.shape),
-            "seconds": per_batch_latency(w.folder, ids, mask, batch_provider, plan.torch_threads),
+            "seconds": measure.per_batch_latency(w.folder, ids, mask, batch_provider, plan.torch_threads),
         },
         "int8_cosine": w.manifest.precision.get("int8 vs fp32"),
         "int8_build": w.manifest.precision.get("int8_build"),
@@ -201,11 +181,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.time()
     threads = os.cpu_count() or 1
-    texts = traffic()
+    texts = measure.traffic()
     trained = warm_model(args.model_dir, texts, args.provider)
     minilm_dir = args.minilm_dir or args.model_dir / "minilm"
     minilm = warm_model(minilm_dir, texts[:MINILM_TEXTS], args.provider)  # fails early when it is missing
-    with texts_on_disk(texts) as texts_file:
+    with measure.texts_on_disk(texts) as texts_file:
         transport_readings = [measure_transport(trained.runtime.dim, texts_file, args.duration)]
         print("1. the trained model: raw ceiling, server with and without batching, HTTP against gRPC", flush=True)
         plan = Plan([], CONCURRENCY, CONCURRENCY, PROTOCOL_LOADS, 300, threads, BATCH8_CONCURRENCY)
@@ -213,29 +193,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"2. workers: 1 against --workers {WORKERS}, {WORKER_CONNECTIONS} connections", flush=True)
         flags = ["--provider", args.provider]
         results["workers"] = {"n": WORKERS, "connections": WORKER_CONNECTIONS} | {
-            str(n): workers_reading(args.model_dir, flags, n, WORKER_CONNECTIONS, texts_file, args.duration)
+            str(n): measure.workers_reading(args.model_dir, flags, n, WORKER_CONNECTIONS, texts_file, args.duration)
             for n in (1, WORKERS)
         }
         # Like the raw ceiling: read twice and keep the higher, so the serial limit is never understated.
         transport_readings.append(measure_transport(trained.runtime.dim, texts_file, args.duration))
+        faster = partial(max, key=lambda reading: reading["texts_per_second"])
         results["transport"] = {
-            kind: [higher(a, b) for a, b in zip(*(t[kind] for t in transport_readings), strict=True)]
-            for kind in ("single", "batch8")
+            kind: list(map(faster, *(t[kind] for t in transport_readings))) for kind in ("single", "batch8")
         }
         results["transport_readings"] = transport_readings
         print(f"3. all-MiniLM-L6-v2 ({minilm_dir}), served unchanged", flush=True)
         plan = Plan(MINILM_FLAGS, MINILM_CONCURRENCY, (32,), MINILM_PROTOCOL_LOADS, 100)
         results["minilm"] = measure_model(minilm, plan, texts_file, args.duration, args.provider)
-    results["tokenize_one_ms"] = 1000 * median_seconds(lambda: trained.tokenizer.encode([texts[0]], True), 200)
+    results["tokenize_one_ms"] = 1000 * measure.median_seconds(lambda: trained.tokenizer.encode([texts[0]], True), 200)
     print("4. matmul peak", flush=True)
-    results["matmul_peak_flops"] = matmul_peak_flops(threads)
+    results["matmul_peak_flops"] = measure.matmul_peak_flops(threads)
     results["machine"] = {
         "date": datetime.date.today().isoformat(),
-        "cpu": cpu_name(),
+        "cpu": measure.cpu_name(),
         "cores": threads,
         "python": platform.python_version(),
         "provider": trained.runtime.provider,
-    } | ({"gpu": gpu_name()} if args.provider == "cuda" else {})
+    } | ({"gpu": measure.gpu_name()} if args.provider == "cuda" else {})
     defaults = ServerConfig()
     results["settings"] = {
         "max_batch_tokens": trained.policy.max_batch_tokens,
@@ -244,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "one_thread_batch_tokens": trained.runtime.one_thread_batch_tokens,
         "max_queue_tokens": trained.policy.max_queue_tokens,
         "max_delay_ms": defaults.max_delay_ms,
-        "texts": TRAFFIC_TEXTS,
+        "texts": measure.TRAFFIC_TEXTS,
         "duration_per_level_s": args.duration,
         "protocol_rounds": PROTOCOL_ROUNDS,
     }

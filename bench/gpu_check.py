@@ -37,15 +37,6 @@ SCALING_LOADS = ("1 text x 128 clients", "8 texts x 32 clients")  # each --worke
 SCALING_FIGURES = (("texts_per_second", 0), ("p50_ms", 2), ("p99_ms", 2))  # per load, with decimals
 
 
-def cuda_loads(model_dir: Path) -> str | None:
-    """None when a CUDA session really runs here, else why not."""
-    try:  # the server's own check: refused where CUDA is not offered, or offered and did not load
-        OnnxRuntime(model_dir, RuntimeOptions(provider="cuda"), pad_id=0)
-    except RuntimeError as e:
-        return str(e)
-    return None
-
-
 def parity(model_dir: Path, texts: list[str]) -> dict[str, Any]:
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     ids, mask = pad_rows(tokenizer.encode(texts, truncate=True).rows, 0)
@@ -65,14 +56,14 @@ def parity(model_dir: Path, texts: list[str]) -> dict[str, Any]:
     }
 
 
-def gpu_memory() -> dict[str, int]:
-    """GPU memory in use now, MiB (-1 where nvidia-smi does not tell)."""
-    return {"gpu_memory_mib": int((nvidia_smi("memory.used") or ["-1"])[0])}
-
-
 def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str, object]]:
-    """`--workers` processes sharing one GPU, loaded by LOAD_PROCESSES load generators (one connection each)."""
+    """`--workers` processes sharing one GPU, loaded by LOAD_PROCESSES load generators (one connection each); the GPU
+    memory in use (MiB, -1 where nvidia-smi does not tell) read after the loads."""
     rows: list[dict[str, object]] = []
+
+    def gpu_memory() -> dict[str, int]:
+        return {"gpu_memory_mib": int((nvidia_smi("memory.used") or ["-1"])[0])}
+
     configs = [(model_dir, "fp32", n) for n in WORKERS] + [(model_dir, "fp16", max(WORKERS))]
     configs += [(model_dir / "minilm", precision, max(WORKERS)) for precision in ("fp32", "fp16")]
     for folder, precision, n in configs:
@@ -97,11 +88,6 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     return table(header, table_rows, 2)
 
 
-def parity_row(name: str, p: dict[str, Any]) -> list[object]:
-    providers, max_abs = ", ".join(p["providers"]), f"{p['fp32_cuda_vs_cpu_max_abs']:.2e}"
-    return [name, providers, max_abs, f"{p['fp16_mean_cosine']:.6f}", f"{p['fp16_worst_cosine']:.6f}", p["passes"]]
-
-
 def measured_by(run: dict[str, Any]) -> str:
     return (
         f"Measured by `{run['command']}` on {run['date']}: {run['gpu']}, {run['cpu']} ({run['cpu_cores']} cores), "
@@ -114,7 +100,11 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     apart); a step never run says so in its table's place."""
     parity, scaling = report.get("parity"), report.get("scaling")
     parity_header = ["model", "providers loaded", "fp32 CUDA vs CPU max abs", "fp16 mean cosine", "fp16 worst cosine"]
-    parity_rows = [parity_row(name, p) for name, p in parity["models"].items()] if parity else []
+    parity_rows = [
+        [name, ", ".join(p["providers"]), f"{p['fp32_cuda_vs_cpu_max_abs']:.2e}", f"{p['fp16_mean_cosine']:.6f}",
+         f"{p['fp16_worst_cosine']:.6f}", p["passes"]]
+        for name, p in (parity or {}).get("models", {}).items()
+    ]  # fmt: skip
     template = (Path(__file__).parent / "gpu-check.md.tmpl").read_text()
     path.write_text(template.format(
         parity_texts=PARITY_TEXTS, fp32_max_abs=FP32_MAX_ABS, fp16_min_cosine=FP16_MIN_COSINE,
@@ -137,10 +127,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     steps = set(args.steps.split(","))
-    why_not = cuda_loads(args.model_dir)
-    if why_not:
-        print(f"gpu-check: the CUDA execution provider did not load: {why_not}", file=sys.stderr)
-        raise SystemExit(3)
+    try:  # the server's own check: refused where CUDA is not offered, or offered and did not load
+        OnnxRuntime(args.model_dir, RuntimeOptions(provider="cuda"), pad_id=0)
+    except RuntimeError as e:
+        print(f"gpu-check: the CUDA execution provider did not load: {e}", file=sys.stderr)
+        raise SystemExit(3) from None
     out = args.out / "gpu"
     out.mkdir(parents=True, exist_ok=True)
     report_file = out / "gpu-check.json"

@@ -1,17 +1,12 @@
 """A light asyncio load generator for gRPC or HTTP, run as its own process by the benchmark.
 
-    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json \
-        [--protocol http] [--model NAME]
+    python -m bench.loadgen --target host:port --concurrency 32 --duration 8 --texts texts.json [--protocol http]
 
-HTTP: each worker holds one keep-alive HTTP/1.1 connection and posts OpenAI's request to
-/v1/embeddings with encoding_format base64 (what the openai package sends), over plain asyncio streams
-so that the client costs about what grpc.aio's C core costs the gRPC side.
-
-gRPC: the workers share one connection, as one client's channel does, or --grpc-connections of them
-(the server's fair queue then sees that many clients, as it sees each HTTP connection as one).
-
-Closed loop: each of `concurrency` workers sends one Embed request (one text, or --texts-per-request),
-waits for the answer, sends the next. Prints one JSON object: texts/s, latency percentiles (ms), errors.
+Closed loop: each of `concurrency` workers sends a request of one text (or --texts-per-request), waits for the
+answer, sends the next. Prints one JSON object: texts/s, latency percentiles (ms), errors, CPU per request.
+HTTP: one keep-alive HTTP/1.1 connection per worker posting what the openai package sends (base64), over plain
+asyncio streams, so the client costs about what grpc.aio's C core costs the gRPC side. gRPC: the workers share one
+connection, as one client's channel does, or --grpc-connections of them (the fair queue's clients).
 """
 
 from __future__ import annotations

@@ -202,13 +202,9 @@ def load(  # type: ignore[type-arg]
     watch_pid: int | None = None,
     processes: int = 1,
 ) -> dict:
-    """One reading of `python -m bench.loadgen`: `concurrency` clients sending `per_request` texts each.
-
-    With several `processes`, that many load generators at once, each with its own connection and
-    `concurrency` clients: one process holds one HTTP/2 connection, which the kernel hands to one `--workers`
-    process and whose client is itself limited to one core, so only several processes can load a server
-    with more cores than that. Their rates add up; latency percentiles are over all their requests.
-    """
+    """One reading of `python -m bench.loadgen`: `concurrency` clients sending `per_request` texts each; with several
+    `processes`, that many load generators at once (one connection and one core each, as a `--workers` server needs),
+    their rates added up and latency percentiles over all their requests."""
     command = [sys.executable, "-m", "bench.loadgen", "--target", target, "--texts", str(texts_file)]
     command += [f"--concurrency={concurrency}", f"--duration={duration}", f"--texts-per-request={per_request}"]
     command += [f"--protocol={protocol}", *([f"--watch-pid={watch_pid}"] if watch_pid else [])]
@@ -240,15 +236,11 @@ def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
 def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
     """Several load generators' readings as one: rates added, percentiles over every request's latency."""
     ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
-    return {
+    added = ("concurrency", "texts_per_second", "requests_per_second", "errors")
+    return {key: sum(r[key] for r in readings) for key in added} | {
         "processes": len(readings),
-        "concurrency": sum(r["concurrency"] for r in readings),
         "texts_per_request": readings[0]["texts_per_request"],
-        "texts_per_second": sum(r["texts_per_second"] for r in readings),
-        "requests_per_second": sum(r["requests_per_second"] for r in readings),
-        "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
-        "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
-        "errors": sum(r["errors"] for r in readings),
+        **{f"p{q}_ms": float(np.percentile(ms, q)) if len(ms) else float("nan") for q in (50, 99)},
         "error_kinds": merge_counts(r["error_kinds"] for r in readings),
     }
 

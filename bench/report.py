@@ -229,22 +229,18 @@ def plot(r: dict[str, Any], out: Path) -> None:
 
 
 def one_thread_text(tokens: int, cuda: bool) -> str:
-    main = "the CUDA session" if cuda else "two spinning threads"
-    if tokens <= 0:
-        return f"every batch on its {'CUDA' if cuda else 'threaded'} session, since one CPU thread measured slower than {main} at every size tried at warm-up"
-    return (f"batches of at most {tokens} padded tokens on its one-thread CPU session, the most for which one thread "
-            f"measured no slower than {main} at warm-up")  # fmt: skip
+    main = "CUDA" if cuda else "threaded"
+    return (
+        f"batches of at most {tokens} padded tokens on one thread" if tokens else f"every batch on its {main} session"
+    )
 
 
 def server_limits_text(limits: dict[str, int] | None) -> str:
     if not limits:
         return "not recorded in this run"
-    one, inline = limits["one_thread_batch_tokens"], limits["inline_batch_tokens"]
-    one_thread = (
-        f"batches of at most {one} padded tokens on one thread" if one else "every batch on its threaded session"
-    )
+    inline, most = limits["inline_batch_tokens"], limits["max_batch_tokens"]
     alone = f"a lone text of at most {inline} tokens on the event loop" if inline else "no text on the event loop"
-    return f"{one_thread}, {alone}, at most {limits['max_batch_tokens']} padded tokens a batch"
+    return f"{one_thread_text(limits['one_thread_batch_tokens'], False)}, {alone}, at most {most} padded tokens a batch"
 
 
 def model_values(m: dict[str, Any]) -> dict[str, str]:
@@ -290,6 +286,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     peak, flops = r["matmul_peak_flops"], {"raw ONNX Runtime ceiling": raw, "server at saturation": best}
     return model_values(r) | {f"m_{k}": v for k, v in model_values(m).items()} | {
         "one_thread": one_thread_text(r["settings"]["one_thread_batch_tokens"], on_cuda(r)),
+        "threaded": "the CUDA session" if on_cuda(r) else "two spinning threads",
         "server_limits": server_limits_text(r.get("server_limits")),
         "protocol_seconds": f"{r['settings']['duration_per_level_s'] / 2:g}",
         "targets_table": targets_table(r),

@@ -2,12 +2,9 @@
 
     python -m bench.transport --port 50061 [--dim 128] [--protocol grpc|http]
 
-gRPC: a minimal grpc.aio server from the same proto, every Embed answered with one fixed ``dim``-float
-vector per input (health answers SERVING so the benchmark's wait works unchanged), on the server's
-default event loop, so the loop is not part of the difference. HTTP: a raw ASGI app on the server's
-stack (uvicorn with httptools, its default loop) answering every POST with one embedding in OpenAI's shape. The same
-load generator that measures the real server measures these, each in its own process: the difference
-is everything the real server does beyond the protocol itself.
+gRPC: a minimal grpc.aio server from the same proto on the server's default event loop, with health. HTTP: a raw
+ASGI app on the server's stack (uvicorn with httptools). Loaded by the same load generator as the real server, each
+in its own process: the difference is everything the real server does beyond the protocol itself.
 """
 
 from __future__ import annotations
@@ -50,17 +47,13 @@ async def serve_grpc(port: int, dim: int) -> None:
     await server.wait_for_termination()
 
 
-def fixed_body(dim: int) -> bytes:
-    """One embedding of the model's width in OpenAI's response shape (base64), never computed."""
+def fixed_app(dim: int) -> Any:
+    """The HTTP ceiling's ASGI app: every request's body read, then one embedding of the model's width answered in
+    OpenAI's response shape (base64), never computed."""
     vector = base64.b64encode(np.zeros(dim, dtype="<f4").tobytes()).decode()
     data = [{"object": "embedding", "index": 0, "embedding": vector}]
     usage = {"prompt_tokens": 1, "total_tokens": 1}
-    return json.dumps({"object": "list", "data": data, "model": "fixed", "usage": usage}).encode()
-
-
-def fixed_app(dim: int) -> Any:
-    """The HTTP ceiling's ASGI app: every request's body read, then ``fixed_body`` answered."""
-    body = fixed_body(dim)
+    body = json.dumps({"object": "list", "data": data, "model": "fixed", "usage": usage}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

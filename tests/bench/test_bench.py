@@ -312,8 +312,11 @@ def test_the_report_says_when_no_batch_runs_on_one_thread() -> None:
     assert values(run, ROOT / "docs")["one_thread"].startswith("every batch on its threaded session")
     run["settings"]["one_thread_batch_tokens"] = 256
     assert values(run, ROOT / "docs")["one_thread"].startswith("batches of at most 256 padded tokens")
+    assert values(run, ROOT / "docs")["threaded"] == "two spinning threads"
     run["machine"]["provider"] = "CUDAExecutionProvider"
-    assert values(run, ROOT / "docs")["one_thread"].endswith("no slower than the CUDA session at warm-up")
+    assert values(run, ROOT / "docs")["threaded"] == "the CUDA session"
+    run["settings"]["one_thread_batch_tokens"] = 0
+    assert values(run, ROOT / "docs")["one_thread"] == "every batch on its CUDA session"
 
 
 def test_the_bench_reads_the_limits_the_running_server_measured_itself(served: ServerThread) -> None:
