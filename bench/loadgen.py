@@ -17,6 +17,7 @@ import json
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,11 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     threads = psutil.Process(pid).threads()
     main = sum(t.user_time + t.system_time for t in threads if t.id == pid)
     return {"main_thread": main, "other_threads": sum(t.user_time + t.system_time for t in threads) - main}
+
+
+def percentiles(ms: np.ndarray) -> dict[str, float]:
+    """p50_ms and p99_ms of latencies in milliseconds (NaN when there are none)."""
+    return {f"p{q}_ms": float(np.percentile(ms, q)) if len(ms) else float("nan") for q in (50, 99)}
 
 
 class HttpConnection:
@@ -76,14 +82,12 @@ async def run(
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(grpc_connections)]
     stubs = [embedding_pb2_grpc.EmbedderStub(channel) for channel in channels]
     latencies: list[float] = []
-    errors = 0
-    error_kinds: dict[str, int] = {}  # gRPC status name, or the exception's type for HTTP
+    error_kinds: Counter[str] = Counter()  # gRPC status name, or the exception's type for HTTP
     measuring = False
     stop = False
     named = {"model": model} if model else {}  # HTTP: the default model's requests stay as the benchmark sends them
 
     async def worker(seed: int) -> None:
-        nonlocal errors
         rng = random.Random(seed)
         http = HttpConnection(target) if protocol == "http" else None
         while not stop:
@@ -100,9 +104,7 @@ async def run(
                 if measuring:
                     latencies.append(time.perf_counter() - start)
             except (grpc.aio.AioRpcError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
-                errors += 1
-                reason = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
-                error_kinds[reason] = error_kinds.get(reason, 0) + 1
+                error_kinds[e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__] += 1
                 if http is not None:
                     http.streams = None
 
@@ -127,11 +129,10 @@ async def run(
         "texts_per_request": per_request,
         "texts_per_second": len(latencies) * per_request / elapsed,
         "requests_per_second": len(latencies) / elapsed,
-        "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
-        "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
+        **percentiles(ms),
         "requests": len(latencies),
-        "errors": errors,
-        "error_kinds": error_kinds,
+        "errors": sum(error_kinds.values()),
+        "error_kinds": dict(error_kinds),
         # CPU per request (microseconds) while measuring: where the two shared cores go.
         "loadgen_cpu_us": 1e6 * own_cpu / max(1, len(latencies)),
         **{f"server_{k}_cpu_us": 1e6 * v / max(1, len(latencies)) for k, v in server_cpu.items()},

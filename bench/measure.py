@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import loadgen
 from loadtest.run import LocalServer, free_port, local_server, wait_listening, wait_serving, wait_workers_loaded
 from server.batcher import Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
@@ -240,7 +241,7 @@ def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
     return {key: sum(r[key] for r in readings) for key in added} | {
         "processes": len(readings),
         "texts_per_request": readings[0]["texts_per_request"],
-        **{f"p{q}_ms": float(np.percentile(ms, q)) if len(ms) else float("nan") for q in (50, 99)},
+        **loadgen.percentiles(ms),
         "error_kinds": merge_counts(r["error_kinds"] for r in readings),
     }
 
