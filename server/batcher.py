@@ -406,6 +406,8 @@ class Batcher:
         with self._lock:
             removed = self._remove_dead(now)
         self._account_removed(removed, now)
+        if removed:
+            self._publish_queue()
 
     def _remove_dead(self, now: float) -> list[_Item]:
         """The queue's part of _drop_dead, under the lock, on either thread: no future is touched."""
@@ -424,7 +426,8 @@ class Batcher:
         return removed
 
     def _account_removed(self, removed: list[_Item], now: float) -> None:
-        """On the event loop: fail what was removed for its deadline, count every removal by its reason."""
+        """On the event loop: fail what was removed for its deadline, count every removal by its reason. The
+        caller publishes the queue's new size."""
         if not removed:
             return
         dropped: dict[str, int] = {}
@@ -442,7 +445,6 @@ class Batcher:
             dropped[reason] = dropped.get(reason, 0) + 1
         for reason, count in dropped.items():
             self._observer.dropped(reason, count)
-        self._publish_queue()
         if not self._queue:
             self._wakeup.set()  # a loop waiting for the batch to fill sees the queue is empty
 
@@ -541,10 +543,7 @@ class Batcher:
         self._batch_started(batch, started)
         rows = [item.row for item in batch]
         if len(rows) * max(len(r) for r in rows) <= self.policy.inline_batch_tokens and not self._queue:
-            try:
-                output, error = self._backend(rows), None
-            except Exception as e:  # one bad batch must not take the server down
-                output, error = None, e
+            output, error = self._call_backend(rows)
             with self._lock:
                 self._running = []
             self._batch_done(batch, output, error, started, self._clock() - started, [], 0.0, [])
@@ -565,10 +564,7 @@ class Batcher:
         """On the inference thread: run the batch, take the next one from the queue, hand the results to
         the event loop, repeat until the queue is empty. Touches no future, timer or observer."""
         while batch:
-            try:
-                output, error = self._backend([item.row for item in batch]), None
-            except Exception as e:  # one bad batch must not take the server down
-                output, error = None, e
+            output, error = self._call_backend([item.row for item in batch])
             finished = self._clock()
             with self._lock:
                 ready = self._ready_for_next_locked(finished)
@@ -582,6 +578,14 @@ class Batcher:
             except RuntimeError:  # the event loop is closed: nobody is left to answer
                 return
             batch, started = following, finished
+
+    def _call_backend(self, rows: list[np.ndarray]) -> tuple[np.ndarray | None, Exception | None]:
+        """The backend's output for ``rows``, or the exception it raised: one bad batch must not take the
+        server down."""
+        try:
+            return self._backend(rows), None
+        except Exception as e:
+            return None, e
 
     def _batch_started(self, batch: list[_Item], started: float) -> None:
         lengths = [item.length for item in batch]
@@ -618,6 +622,7 @@ class Batcher:
         self._account_removed(removed, following_started)
         if following:
             self._batch_started(following, following_started)
+        if following or removed:
             self._publish_queue()
 
     def _follow_slowdown(self, padded_tokens: int, seconds: float) -> None:

@@ -425,6 +425,29 @@ def test_queue_gauges_follow_cancellations_even_when_no_batch_follows() -> None:
     assert recorder.queue[-1] == (0, 0)
 
 
+def test_queue_gauges_follow_what_the_inference_thread_drops_when_no_batch_follows() -> None:
+    """Items whose deadline can no longer be met when a batch ends are dropped by the inference thread's take;
+    with nothing left to run after them, the gauges still fall to zero."""
+
+    async def run() -> None:
+        now = [100.0]  # the batcher's clock; the loop's timers (armed ~10 s ahead) never fire here
+        runtime, recorder, batcher, running = await held_batcher(clock=lambda: now[0])
+        doomed = asyncio.create_task(batcher.submit([row(5), row(6)], deadline=now[0] + 10))
+        await settle()
+        assert recorder.queue[-1] == (2, 11)
+        now[0] += 10.0  # the deadline comes within reach while the first batch runs
+        runtime.release.set()
+        await running
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(doomed, 5)
+        await settle()
+        assert recorder.drops == {"deadline": 2}
+        assert recorder.queue[-1] == (0, 0) == (batcher.queued_items, batcher.queued_tokens)
+        await batcher.close()
+
+    asyncio.run(run())
+
+
 def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_computed() -> None:
     async def run() -> tuple[FakeRuntime, Recorder]:
         runtime, recorder, batcher, running = await held_batcher()
