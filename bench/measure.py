@@ -23,7 +23,7 @@ import numpy as np
 
 from bench import loadgen
 from loadtest.run import LocalServer, free_port, local_server, wait_listening, wait_serving, wait_workers_loaded
-from server.batcher import Batcher, BatchObserver, BatchPolicy
+from server.batcher import Backend, Batcher, BatchObserver, BatchPolicy
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +82,25 @@ def traffic(n: int = TRAFFIC_TEXTS) -> list[str]:
     return load_pool().mixed(random.Random(0), n)
 
 
+def through_batcher(backend: Backend, rows: Sequence[np.ndarray], policy: BatchPolicy, clients: int,
+                    observer: BatchObserver | None = None) -> None:  # fmt: skip
+    """Every row through the real batcher, in order, from ``clients`` closed-loop clients sending one row a request."""
+
+    async def run() -> None:
+        batcher = Batcher(backend, policy, observer=observer)
+        batcher.start()
+        queue = list(reversed(rows))
+
+        async def client() -> None:
+            while queue:
+                await batcher.submit([queue.pop()])
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        await batcher.close()
+
+    asyncio.run(run())
+
+
 def plan_batches(rows: Sequence[np.ndarray], policy: BatchPolicy) -> list[list[np.ndarray]]:
     """The batches the server's batcher forms when every row is queued at once (a full queue)."""
     batches: list[list[np.ndarray]] = []
@@ -90,14 +109,7 @@ def plan_batches(rows: Sequence[np.ndarray], policy: BatchPolicy) -> list[list[n
         batches.append(list(batch))
         return np.zeros((len(batch), 1), dtype=np.float32)
 
-    async def run() -> None:
-        roomy = replace(policy, max_queue_tokens=10**9)
-        batcher = Batcher(record, roomy)
-        batcher.start()
-        await asyncio.gather(*(batcher.submit([r]) for r in rows))
-        await batcher.close()
-
-    asyncio.run(run())
+    through_batcher(record, rows, replace(policy, max_queue_tokens=10**9), len(rows))
     return batches
 
 
@@ -116,20 +128,7 @@ def time_batches(runtime: OnnxRuntime, batches: list[list[np.ndarray]], repeats:
 def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: BatchPolicy, concurrency: int) -> float:
     """Closed-loop traffic through the real batcher and ONNX Runtime: padded share of computed tokens."""
     recorder = BatchRecorder()
-
-    async def run() -> None:
-        batcher = Batcher(runtime.run_rows, policy, observer=recorder)
-        batcher.start()
-        queue = list(rows)
-
-        async def client() -> None:
-            while queue:
-                await batcher.submit([queue.pop()])
-
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        await batcher.close()
-
-    asyncio.run(run())
+    through_batcher(runtime.run_rows, rows[::-1], policy, concurrency, recorder)  # the last row first
     return (recorder.padded - recorder.real) / recorder.padded
 
 
