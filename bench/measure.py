@@ -89,11 +89,11 @@ def through_batcher(backend: Backend, rows: Sequence[np.ndarray], policy: BatchP
     async def run() -> None:
         batcher = Batcher(backend, policy, observer=observer)
         batcher.start()
-        queue = list(reversed(rows))
+        left = iter(rows)  # shared: each client takes the next row when its last one is answered
 
         async def client() -> None:
-            while queue:
-                await batcher.submit([queue.pop()])
+            for row in left:
+                await batcher.submit([row])
 
         await asyncio.gather(*(client() for _ in range(clients)))
         await batcher.close()

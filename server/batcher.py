@@ -349,10 +349,8 @@ class Batcher:
 
     async def _wait_for_fill(self) -> None:
         """At low load, let a batch fill for up to max_delay after its oldest item arrived."""
-        if self.policy.max_delay <= 0:
-            return
-        while self._queue and len(self._queue) < self.policy.max_batch_size and not self._stopping:
-            remaining = self._queue[0].enqueued_at + self.policy.max_delay - self._clock()
+        while self._queue and not self._stopping:
+            remaining = self._fill_wait(self._clock())
             if remaining <= 0:
                 return
             self._wakeup.clear()
@@ -425,7 +423,7 @@ class Batcher:
             self._queue = alive
         return removed
 
-    def _account_removed(self, removed: list[_Item], now: float) -> None:
+    def _account_removed(self, removed: Sequence[_Item], now: float) -> None:
         """On the event loop: fail what was removed for its deadline, count every removal by its reason. The
         caller publishes the queue's new size."""
         if not removed:
@@ -483,14 +481,13 @@ class Batcher:
         self._running = batch
         return batch, removed
 
-    def _ready_for_next_locked(self, now: float) -> bool:
-        """Whether the inference thread takes the next batch itself: not when stopping or with nothing
-        queued, nor while a max_delay fill is still due (the event loop's _wait_for_fill times that)."""
-        if self._stopping or not self._queue:
-            return False
+    def _fill_wait(self, now: float) -> float:
+        """Seconds the queued next batch may still wait to fill (max_delay after its oldest item arrived); 0 or
+        less once it leaves. The event loop's _wait_for_fill and the inference thread's take share this rule."""
         p = self.policy
-        filled = len(self._queue) >= p.max_batch_size or now >= self._queue[0].enqueued_at + p.max_delay
-        return p.max_delay <= 0 or filled
+        if p.max_delay <= 0 or len(self._queue) >= p.max_batch_size:
+            return 0.0
+        return self._queue[0].enqueued_at + p.max_delay - now
 
     def _take_sorted(self) -> list[_Item]:
         window = self._queue[: self.policy.sort_window]
@@ -546,7 +543,7 @@ class Batcher:
             output, error = self._call_backend(rows)
             with self._lock:
                 self._running = []
-            self._batch_done(batch, output, error, started, self._clock() - started, [], 0.0, [])
+            self._batch_done(batch, output, error, started, self._clock())
             return
         loop = asyncio.get_running_loop()
         try:
@@ -567,14 +564,14 @@ class Batcher:
             output, error = self._call_backend([item.row for item in batch])
             finished = self._clock()
             with self._lock:
-                ready = self._ready_for_next_locked(finished)
-                following, removed = self._take_locked(finished) if ready else ([], [])
-                if not ready:
-                    self._running = []
+                # Not when stopping or with nothing queued, nor while a max_delay fill is still due (the
+                # event loop's _wait_for_fill times that).
+                if not self._stopping and self._queue and self._fill_wait(finished) <= 0:
+                    following, removed = self._take_locked(finished)
+                else:
+                    following, removed, self._running = [], [], []
             try:
-                loop.call_soon_threadsafe(
-                    self._batch_done, batch, output, error, started, finished - started, following, finished, removed
-                )
+                loop.call_soon_threadsafe(self._batch_done, batch, output, error, started, finished, following, removed)
             except RuntimeError:  # the event loop is closed: nobody is left to answer
                 return
             batch, started = following, finished
@@ -587,7 +584,7 @@ class Batcher:
         except Exception as e:
             return None, e
 
-    def _batch_started(self, batch: list[_Item], started: float) -> None:
+    def _batch_started(self, batch: Sequence[_Item], started: float) -> None:
         lengths = [item.length for item in batch]
         waits = [started - item.enqueued_at for item in batch]
         self._observer.batch_started(len(batch), sum(lengths), len(batch) * max(lengths), waits)
@@ -598,12 +595,13 @@ class Batcher:
         output: np.ndarray | None,
         error: Exception | None,
         started: float,
-        seconds: float,
-        following: list[_Item],
-        following_started: float,
-        removed: list[_Item],
+        finished: float,
+        following: Sequence[_Item] = (),
+        removed: Sequence[_Item] = (),
     ) -> None:
-        """On the event loop: answer a finished batch; note the one the inference thread took after it."""
+        """On the event loop: answer a finished batch; note the batch the inference thread took when it finished
+        (started then) and the dead items it removed from the queue."""
+        seconds = finished - started
         if error is None:
             try:
                 self._scatter(batch, output, started, seconds)
@@ -619,9 +617,9 @@ class Batcher:
             log.error("inference failed for a batch of %d items", len(batch), exc_info=error)
             self._observer.batch_finished(seconds, ok=False)
             self._note_failure()
-        self._account_removed(removed, following_started)
+        self._account_removed(removed, finished)
         if following:
-            self._batch_started(following, following_started)
+            self._batch_started(following, finished)
         if following or removed:
             self._publish_queue()
 
