@@ -57,7 +57,7 @@ def onnx_parameters(path: Path) -> int:
     return int(sum(np.prod(init.dims) for init in onnx.load(str(path)).graph.initializer))
 
 
-def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, list[dict]]:  # type: ignore[type-arg]
+def measure_transport(dim: int, texts_file: Path, duration: float) -> dict[str, list[measure.Reading]]:
     print("transport ceiling: the same proto answered with a fixed vector (bench/transport.py)", flush=True)
     sweep = partial(measure.load_sweep, texts_file=texts_file, duration=duration)
     with measure.transport_server(dim) as t:
@@ -139,21 +139,17 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
     batch_provider = "cpu" if plan.torch_threads else provider  # beside eager PyTorch, which runs on the CPU
     config = w.manifest.config
     flops = sum(measure.forward_flops(config, len(b), max(len(r) for r in b)) for b in batches)
+    # The machine's speed can drift over the run (shared VM): the server is compared against the higher of the
+    # two readings, so the ratio is never flattered by a slow one.
+    ceiling = {"texts_per_second": max(readings), "readings": readings, "flops_per_text": flops / len(rows),
+               "batches": len(batches), "mean_batch": len(rows) / len(batches),
+               "padded_tokens_per_text": sum(len(b) * max(len(r) for r in b) for b in batches) / len(rows),
+               "real_tokens_per_text": sum(len(r) for r in rows) / len(rows)}  # fmt: skip
     return result | {
         "model_id": w.manifest.model_id,
         "config": config,
         "parameters": onnx_parameters(w.folder / "model.onnx"),
-        # The machine's speed can drift over the run (shared VM): the server is compared against the higher of
-        # the two readings, so the ratio is never flattered by a slow one.
-        "ceiling": {
-            "texts_per_second": max(readings),
-            "readings": readings,
-            "batches": len(batches),
-            "mean_batch": len(rows) / len(batches),
-            "flops_per_text": flops / len(rows),
-            "padded_tokens_per_text": sum(len(b) * max(len(r) for r in b) for b in batches) / len(rows),
-            "real_tokens_per_text": sum(len(r) for r in rows) / len(rows),
-        },
+        "ceiling": ceiling,
         "max_batch_tokens": policy.max_batch_tokens,
         "single_text_ms": 1000 * float(np.median(singles)),
         "singles_per_second": len(singles) / sum(singles),
@@ -209,25 +205,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["tokenize_one_ms"] = 1000 * measure.median_seconds(lambda: trained.tokenizer.encode([texts[0]], True), 200)
     print("4. matmul peak", flush=True)
     results["matmul_peak_flops"] = measure.matmul_peak_flops(threads)
-    results["machine"] = {
-        "date": datetime.date.today().isoformat(),
-        "cpu": measure.cpu_name(),
-        "cores": threads,
-        "python": platform.python_version(),
-        "provider": trained.runtime.provider,
-    } | ({"gpu": measure.gpu_name()} if args.provider == "cuda" else {})
-    defaults = ServerConfig()
+    results["machine"] = {"date": datetime.date.today().isoformat(), "cpu": measure.cpu_name(), "cores": threads,
+                          "python": platform.python_version(), "provider": trained.runtime.provider}  # fmt: skip
+    if args.provider == "cuda":
+        results["machine"]["gpu"] = measure.gpu_name()
+    policy, defaults = trained.policy, ServerConfig()
     results["settings"] = {
-        "max_batch_tokens": trained.policy.max_batch_tokens,
-        "default_max_batch_tokens": defaults.max_batch_tokens,
-        "max_batch_size": trained.policy.max_batch_size,
-        "one_thread_batch_tokens": trained.runtime.one_thread_batch_tokens,
-        "max_queue_tokens": trained.policy.max_queue_tokens,
-        "max_delay_ms": defaults.max_delay_ms,
-        "texts": measure.TRAFFIC_TEXTS,
-        "duration_per_level_s": args.duration,
-        "protocol_rounds": PROTOCOL_ROUNDS,
-    }
+        "max_batch_tokens": policy.max_batch_tokens, "default_max_batch_tokens": defaults.max_batch_tokens,
+        "max_batch_size": policy.max_batch_size, "one_thread_batch_tokens": trained.runtime.one_thread_batch_tokens,
+        "max_queue_tokens": policy.max_queue_tokens, "max_delay_ms": defaults.max_delay_ms,
+        "texts": measure.TRAFFIC_TEXTS, "duration_per_level_s": args.duration, "protocol_rounds": PROTOCOL_ROUNDS,
+    }  # fmt: skip
     results["bench_seconds"] = time.time() - started
     results["command"] = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     args.out.mkdir(parents=True, exist_ok=True)

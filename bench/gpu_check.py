@@ -15,6 +15,7 @@ import os
 import shlex
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, gpu_name, merge_counts, nvidia_smi, texts_on_disk, traffic, workers_reading
+from bench.measure import ROOT, cpu_name, gpu_name, nvidia_smi, texts_on_disk, traffic, workers_reading
 from bench.report import table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -46,14 +47,10 @@ def parity(model_dir: Path, texts: list[str]) -> dict[str, Any]:
     fp16 = OnnxRuntime(model_dir, RuntimeOptions(provider="cuda", precision="fp16"), pad_id=0).run(ids, mask)
     cosines = (fp16 * cpu).sum(1) / (np.linalg.norm(fp16, axis=1) * np.linalg.norm(cpu, axis=1))
     max_abs = float(np.abs(cuda - cpu).max())
-    return {
-        "providers": cuda_runtime.providers,
-        "cuda_options": cuda_runtime.session.get_provider_options().get(CUDA, {}),
-        "fp32_cuda_vs_cpu_max_abs": max_abs,
-        "fp16_mean_cosine": float(cosines.mean()),
-        "fp16_worst_cosine": float(cosines.min()),
-        "passes": max_abs <= FP32_MAX_ABS and float(cosines.min()) >= FP16_MIN_COSINE,
-    }
+    options = cuda_runtime.session.get_provider_options().get(CUDA, {})
+    return {"providers": cuda_runtime.providers, "cuda_options": options, "fp32_cuda_vs_cpu_max_abs": max_abs,
+            "fp16_mean_cosine": float(cosines.mean()), "fp16_worst_cosine": float(cosines.min()),
+            "passes": max_abs <= FP32_MAX_ABS and float(cosines.min()) >= FP16_MIN_COSINE}  # fmt: skip
 
 
 def scaling(model_dir: Path, texts_file: Path, duration: float) -> list[dict[str, object]]:
@@ -82,7 +79,7 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     table_rows = []
     for r in rows:
         figures = [f"{x[k]:.{d}f}" for x in (r["single"], r["batch8"]) for k, d in SCALING_FIGURES]
-        kinds = merge_counts(x.get("error_kinds", {}) for x in (r["single"], r["batch8"]))
+        kinds = sum((Counter(x.get("error_kinds", {})) for x in (r["single"], r["batch8"])), Counter())
         errors = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
         table_rows.append([r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors])
     return table(header, table_rows, 2)
@@ -122,9 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model-dir", type=Path, default=Path("artifacts"))
     parser.add_argument("--out", type=Path, default=Path("docs"))
     parser.add_argument("--duration", type=float, default=8.0)
-    parser.add_argument(
-        "--steps", default="parity,bench,scaling", help="comma-separated: parity, bench (python -m bench), scaling"
-    )
+    parser.add_argument("--steps", default="parity,bench,scaling", help="of parity, bench (python -m bench), scaling")
     args = parser.parse_args(argv)
     steps = set(args.steps.split(","))
     try:  # the server's own check: refused where CUDA is not offered, or offered and did not load
@@ -137,23 +132,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     report_file = out / "gpu-check.json"
     # A step run now replaces that step's results and its run alone: steps run apart keep their own dates.
     report: dict[str, Any] = json.loads(report_file.read_text()) if report_file.is_file() else {}
-    run = {
-        "date": datetime.date.today().isoformat(),
-        "command": shlex.join(["python", "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)]),
-        "gpu": gpu_name(),
-        "cpu": cpu_name(),
-        "cpu_cores": os.cpu_count(),
-        "onnxruntime": ort.__version__,
-        "duration": args.duration,
-    }
+    command = shlex.join(["python", "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)])
+    run = {"date": datetime.date.today().isoformat(), "command": command, "gpu": gpu_name(), "cpu": cpu_name(),
+           "cpu_cores": os.cpu_count(), "onnxruntime": ort.__version__, "duration": args.duration}  # fmt: skip
     if "parity" in steps:
         texts = traffic(PARITY_TEXTS)
         models = {"trained": args.model_dir, "all-MiniLM-L6-v2": args.model_dir / "minilm"}
         report["parity"] = {"run": run, "models": {name: parity(folder, texts) for name, folder in models.items()}}
         report_file.write_text(json.dumps(report, indent=2) + "\n")
     if "bench" in steps:
-        command = [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda"]
-        subprocess.run([*command, "--out", str(out), "--duration", str(args.duration)], cwd=ROOT, check=True)
+        bench = [sys.executable, "-m", "bench", "--model-dir", str(args.model_dir), "--provider", "cuda"]
+        subprocess.run([*bench, "--out", str(out), "--duration", str(args.duration)], cwd=ROOT, check=True)
     if "scaling" in steps:
         with texts_on_disk(traffic()) as texts_file:
             report["scaling"] = {

@@ -64,19 +64,9 @@ class HttpConnection:
         return int(status_line.split()[1])
 
 
-async def run(
-    target: str,
-    concurrency: int,
-    duration: float,
-    warmup: float,
-    texts: list[str],
-    per_request: int = 1,
-    watch_pid: int | None = None,
-    protocol: str = "grpc",
-    raw_latencies: bool = False,
-    grpc_connections: int = 1,
-    model: str = "",
-) -> dict[str, object]:
+async def run(target: str, concurrency: int, duration: float, warmup: float, texts: list[str], per_request: int = 1,
+              watch_pid: int | None = None, protocol: str = "grpc", raw_latencies: bool = False,
+              grpc_connections: int = 1, model: str = "") -> dict[str, object]:  # fmt: skip
     # Channels to one target share one connection unless each keeps its own subchannel pool.
     options = [("grpc.use_local_subchannel_pool", 1)] if grpc_connections > 1 else []
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(grpc_connections)]
@@ -125,20 +115,16 @@ async def run(
         await channel.close()
     ms = np.array(latencies) * 1000
     return {
-        "concurrency": concurrency,
-        "texts_per_request": per_request,
-        "texts_per_second": len(latencies) * per_request / elapsed,
-        "requests_per_second": len(latencies) / elapsed,
-        **percentiles(ms),
-        "requests": len(latencies),
-        "errors": sum(error_kinds.values()),
-        "error_kinds": dict(error_kinds),
+        "concurrency": concurrency, "texts_per_request": per_request,
+        "texts_per_second": len(latencies) * per_request / elapsed, "requests_per_second": len(latencies) / elapsed,
+        **percentiles(ms), "requests": len(latencies),
+        "errors": sum(error_kinds.values()), "error_kinds": dict(error_kinds),
         # CPU per request (microseconds) while measuring: where the two shared cores go.
         "loadgen_cpu_us": 1e6 * own_cpu / max(1, len(latencies)),
         **{f"server_{k}_cpu_us": 1e6 * v / max(1, len(latencies)) for k, v in server_cpu.items()},
         "server_cores": sum(server_cpu.values()) / elapsed if server_cpu else float("nan"),
         **({"latencies_ms": ms.round(3).tolist()} if raw_latencies else {}),
-    }
+    }  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -152,9 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--watch-pid", type=int, help="also report this server process's CPU per request")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--raw-latencies", action="store_true", help="also print every latency (to merge processes)")
-    parser.add_argument(
-        "--grpc-connections", type=int, default=1, help="gRPC: spread the clients over this many connections"
-    )
+    parser.add_argument("--grpc-connections", type=int, default=1, help="gRPC: the clients over this many connections")
     parser.add_argument("--model", default="", help="the served model's name (default: the server's default model)")
     args = vars(parser.parse_args(argv))
     args["texts"] = json.loads(Path(args["texts"]).read_text())

@@ -12,7 +12,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
@@ -29,6 +29,7 @@ from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC_TEXTS = 3000  # held-out WordNet texts in the benchmark's length mix
 SETTLE_SECONDS = 0.3  # idle before each timed block (see interleaved_medians)
+Reading = dict[str, Any]  # one load generator's JSON (bench/loadgen.py), or several merged
 
 
 def cpu_name() -> str:
@@ -116,13 +117,12 @@ def plan_batches(rows: Sequence[np.ndarray], policy: BatchPolicy) -> list[list[n
 def time_batches(runtime: OnnxRuntime, batches: list[list[np.ndarray]], repeats: int = 3) -> float:
     """Best wall time of running every batch back to back (inputs padded beforehand)."""
     padded = [pad_rows(b, runtime.pad_id) for b in batches]
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def run_all() -> None:
         for ids, mask in padded:
             runtime.run(ids, mask)
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return min(wall_seconds(run_all) for _ in range(repeats))
 
 
 def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: BatchPolicy, concurrency: int) -> float:
@@ -132,15 +132,17 @@ def padding_waste(runtime: OnnxRuntime, rows: Sequence[np.ndarray], policy: Batc
     return (recorder.padded - recorder.real) / recorder.padded
 
 
-def median_seconds(fn, repeats: int = 30, warmup: int = 3) -> float:  # type: ignore[no-untyped-def]
+def wall_seconds(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.median([wall_seconds(fn) for _ in range(repeats)]))
 
 
 def interleaved_medians(backends: dict[str, Callable[[], object]], rounds: int = 8) -> dict[str, float]:
@@ -192,16 +194,8 @@ def matmul_peak_flops(threads: int, n: int = 2048) -> float:
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats=10)
 
 
-def load(  # type: ignore[type-arg]
-    target: str,
-    concurrency: int,
-    texts_file: Path,
-    duration: float,
-    per_request: int = 1,
-    protocol: str = "grpc",
-    watch_pid: int | None = None,
-    processes: int = 1,
-) -> dict:
+def load(target: str, concurrency: int, texts_file: Path, duration: float, per_request: int = 1,
+         protocol: str = "grpc", watch_pid: int | None = None, processes: int = 1) -> Reading:  # fmt: skip
     """One reading of `python -m bench.loadgen`: `concurrency` clients sending `per_request` texts each; with several
     `processes`, that many load generators at once (one connection and one core each, as a `--workers` server needs),
     their rates added up and latency percentiles over all their requests."""
@@ -223,17 +217,12 @@ def load(  # type: ignore[type-arg]
     return reading
 
 
-def load_sweep(target: str, concurrencies: Sequence[int], *args: Any, **options: Any) -> list[dict]:  # type: ignore[type-arg]
+def load_sweep(target: str, concurrencies: Sequence[int], *args: Any, **options: Any) -> list[Reading]:
     """One `load` reading per concurrency level, in turn; the readings in that order."""
     return [load(target, concurrency, *args, **options) for concurrency in concurrencies]
 
 
-def merge_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    """Error counts by kind, added up."""
-    return dict(sum((Counter(one) for one in counts), Counter()))
-
-
-def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
+def merge_readings(readings: list[Reading]) -> Reading:
     """Several load generators' readings as one: rates added, percentiles over every request's latency."""
     ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
     added = ("concurrency", "texts_per_second", "requests_per_second", "errors")
@@ -241,19 +230,12 @@ def merge_readings(readings: list[dict]) -> dict:  # type: ignore[type-arg]
         "processes": len(readings),
         "texts_per_request": readings[0]["texts_per_request"],
         **loadgen.percentiles(ms),
-        "error_kinds": merge_counts(r["error_kinds"] for r in readings),
+        "error_kinds": dict(sum((Counter(r["error_kinds"]) for r in readings), Counter())),
     }
 
 
-def workers_reading(  # type: ignore[type-arg]
-    model_dir: Path,
-    flags: Sequence[str],
-    workers: int,
-    processes: int,
-    texts_file: Path,
-    duration: float,
-    after_load: Callable[[], dict] | None = None,  # type: ignore[type-arg]
-) -> dict:
+def workers_reading(model_dir: Path, flags: Sequence[str], workers: int, processes: int, texts_file: Path,
+                    duration: float, after_load: Callable[[], Reading] | None = None) -> Reading:  # fmt: skip
     """A server with `--workers` loaded by `processes` load generators, one connection each (the kernel hands a
     connection to one worker, so one connection would load one worker only): 128 clients of one text, then 32
     of 8 texts; then after_load's readings (GPU memory, say) while the server still runs."""
@@ -289,15 +271,14 @@ def server_limits(http_url: str) -> dict[str, int]:
     return {key: model[key] for key in ("one_thread_batch_tokens", "inline_batch_tokens", "max_batch_tokens")}
 
 
-def compare_protocols(  # type: ignore[type-arg]
-    server: LocalServer, dim: int, texts_file: Path, seconds: float, rounds: int, loads: Sequence[tuple[int, int]]
-) -> dict[str, dict[str, list[dict]]]:
+def compare_protocols(server: LocalServer, dim: int, texts_file: Path, seconds: float, rounds: int,
+                      loads: Sequence[tuple[int, int]]) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
     """Each load (texts per request, clients) over gRPC, over HTTP and on the HTTP transport ceiling (a minimal
     app on the same stack answering a fixed vector), all from the same load generator; rounds interleaved, so
     that the machine's drift hits every target alike, and every other round in reverse order, so that a drift
     within a round does not always fall on the target read last. Readings by load ("1x32"), then target, one
     per round, each with its round and its place in that round's order."""
-    results: dict[str, dict[str, list[dict]]] = {}  # type: ignore[type-arg]
+    results: dict[str, dict[str, list[Reading]]] = {}
     with transport_server(dim, "http") as ceiling:
         targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.target}
         for round_ in range(rounds):

@@ -8,28 +8,25 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.measure import serial_limit
+from bench.measure import Reading, serial_limit
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MET_LABELS = {True: "yes", False: "**no**", None: "**not measured**"}
 LIMIT_BAR = 0.8  # the server's share of the serial limit L
 MINILM_CEILING_BAR = 0.85  # all-MiniLM-L6-v2's server against its raw ceiling
-# The loads the gRPC serial-limit targets name: label, kind of request (the results' key), clients.
+# The loads the gRPC serial-limit targets name: label, the kind of request (its transport readings), the
+# server's readings of that kind, clients.
 TARGET_LOADS = (
-    ("1 text x 32 clients", "single", 32),
-    ("1 text x 128 clients", "single", 128),
-    ("8 texts x 16 clients", "batch8", 16),
+    ("1 text x 32 clients", "single", "server", 32),
+    ("1 text x 128 clients", "single", "server", 128),
+    ("8 texts x 16 clients", "batch8", "server_batch8", 16),
 )
 Row = tuple[str, str, str, bool | None]
 
 
-def at(sweep: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+def at(sweep: list[Reading], concurrency: int) -> Reading:
     """The reading of a load sweep at this many clients."""
     return next(r for r in sweep if r["concurrency"] == concurrency)
-
-
-def server_sweep(r: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return r["server"] if kind == "single" else r["server_batch8"]
 
 
 def on_cuda(r: dict[str, Any]) -> bool:
@@ -39,8 +36,8 @@ def on_cuda(r: dict[str, Any]) -> bool:
 def limits(r: dict[str, Any]) -> dict[str, dict[str, float]]:
     """gRPC: server, transport ceiling and serial limit L (texts/s) at the levels the targets name."""
     out = {}
-    for key, kind, level in TARGET_LOADS:
-        server = at(server_sweep(r, kind), level)["texts_per_second"]
+    for key, kind, sweep, level in TARGET_LOADS:
+        server = at(r[sweep], level)["texts_per_second"]
         transport = at(r["transport"][kind], level)["texts_per_second"]
         limit = serial_limit(r["ceiling"]["texts_per_second"], transport)
         out[key] = {"server": server, "transport": transport, "limit": limit, "fraction": server / limit}
@@ -140,17 +137,18 @@ def targets_table(r: dict[str, Any]) -> str:
     return table(["target", "measured", "bar", "met"], [[*row[:3], MET_LABELS[row[3]]] for row in targets(r)], 4)
 
 
-def sweep_rows(
-    batched: list[dict[str, Any]], unbatched: list[dict[str, Any]] | None, ceiling: float
-) -> list[list[str]]:
+def sweep_rows(batched: list[Reading], unbatched: list[Reading] | None, ceiling: float) -> list[list[str]]:
+    """Per level: texts/s, p50 and p99 ms, share of the ceiling; with unbatched, its figures at that level beside."""
+
+    def figures(x: Reading) -> list[str]:
+        return [f"{x['texts_per_second']:.0f}", f"{x['p50_ms']:.2f}", f"{x['p99_ms']:.2f}"]
+
     rows = []
     for b in batched:
-        row = [b["concurrency"], f"{b['texts_per_second']:.0f}", f"{b['p50_ms']:.2f}", f"{b['p99_ms']:.2f}",
-               f"{b['texts_per_second'] / ceiling:.0%}"]  # fmt: skip
+        row = [b["concurrency"], *figures(b), f"{b['texts_per_second'] / ceiling:.0%}"]
         if unbatched is not None:
             n = next((x for x in unbatched if x["concurrency"] == b["concurrency"]), None)
-            row += [f"{n['texts_per_second']:.0f}", f"{n['p50_ms']:.2f}", f"{n['p99_ms']:.2f}",
-                    f"{b['texts_per_second'] / n['texts_per_second']:.2f}x"] if n else ["", "", "", ""]  # fmt: skip
+            row += [*figures(n), f"{b['texts_per_second'] / n['texts_per_second']:.2f}x"] if n else [""] * 4
         rows.append(row)
     return rows
 
@@ -209,10 +207,8 @@ def plot(r: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for key, label, file in (
-        ("texts_per_second", "texts/s", "bench_throughput.png"),
-        ("p99_ms", "p99 latency (ms)", "bench_p99.png"),
-    ):
+    for key, label, file in (("texts_per_second", "texts/s", "bench_throughput.png"),
+                             ("p99_ms", "p99 latency (ms)", "bench_p99.png")):  # fmt: skip
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for sweep, name in ((r["server"], "dynamic batching"), (r["no_batching"], "--max-batch-size 1")):
             ax.plot([s["concurrency"] for s in sweep], [s[key] for s in sweep], marker="o", label=name)
@@ -229,10 +225,8 @@ def plot(r: dict[str, Any], out: Path) -> None:
 
 
 def one_thread_text(tokens: int, cuda: bool) -> str:
-    main = "CUDA" if cuda else "threaded"
-    return (
-        f"batches of at most {tokens} padded tokens on one thread" if tokens else f"every batch on its {main} session"
-    )
+    small = f"batches of at most {tokens} padded tokens on one thread"
+    return small if tokens else f"every batch on its {'CUDA' if cuda else 'threaded'} session"
 
 
 def server_limits_text(limits: dict[str, int] | None) -> str:
@@ -269,8 +263,8 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     all-MiniLM-L6-v2's with the prefix m_."""
     ceiling, raw = r["ceiling"], r["ceiling"]["texts_per_second"]
     rows_cpu = []
-    for label, kind, level in TARGET_LOADS:
-        for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", server_sweep(r, kind))):
+    for label, kind, server, level in TARGET_LOADS:
+        for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", r[server])):
             x = at(sweep, level)
             rows_cpu.append([label, name, f"{x['texts_per_second']:.0f}"] + [
                 f"{x.get(k, float('nan')):.{d}f}" for k, d in (("server_main_thread_cpu_us", 0),

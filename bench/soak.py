@@ -28,9 +28,8 @@ MAX_RSS_GROWTH = 0.10
 SIZES = (1, 4, 8)  # texts per request, one size per window in turn
 
 
-def drive(
-    target: str, pid: int, seconds: float, concurrency: int, texts: list[str], window: float = SAMPLE_SECONDS
-) -> list[dict[str, Any]]:
+def drive(target: str, pid: int, seconds: float, concurrency: int, texts: list[str],
+          window: float = SAMPLE_SECONDS) -> list[dict[str, Any]]:  # fmt: skip
     """Back-to-back windows of the benchmark's load generator, cycling through 1, 4 and 8 texts per request
     (so the batcher forms every shape over time); the server's RSS after each window."""
     samples: list[dict[str, Any]] = []
@@ -60,13 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline, final = samples[warm - 1]["rss_mib"], samples[-1]["rss_mib"]
     growth = (final - baseline) / baseline
     errors = samples[-1]["errors"]
-    report = {
-        "minutes": args.minutes,
-        "concurrency": args.concurrency,
-        "rss_growth_after_warmup": growth,
-        "errors": errors,
-        "samples": samples,
-    }
+    report = {"minutes": args.minutes, "concurrency": args.concurrency, "rss_growth_after_warmup": growth,
+              "errors": errors, "samples": samples}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
     print(
