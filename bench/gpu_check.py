@@ -15,7 +15,6 @@ import os
 import shlex
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.measure import ROOT, cpu_name, gpu_name, nvidia_smi, texts_on_disk, traffic, workers_reading
+from bench.measure import ROOT, cpu_name, gpu_name, merge_counts, nvidia_smi, texts_on_disk, traffic, workers_reading
 from bench.report import table
 from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
@@ -79,7 +78,7 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     table_rows = []
     for r in rows:
         figures = [f"{x[k]:.{d}f}" for x in (r["single"], r["batch8"]) for k, d in SCALING_FIGURES]
-        kinds = sum((Counter(x.get("error_kinds", {})) for x in (r["single"], r["batch8"])), Counter())
+        kinds = merge_counts(x.get("error_kinds", {}) for x in (r["single"], r["batch8"]))
         errors = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none"
         table_rows.append([r["model"], r["precision"], r["workers"], r["gpu_memory_mib"], *figures, errors])
     return table(header, table_rows, 2)

@@ -12,7 +12,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
@@ -222,6 +222,11 @@ def load_sweep(target: str, concurrencies: Sequence[int], *args: Any, **options:
     return [load(target, concurrency, *args, **options) for concurrency in concurrencies]
 
 
+def merge_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Error counts by kind, added up."""
+    return dict(sum((Counter(one) for one in counts), Counter()))
+
+
 def merge_readings(readings: list[Reading]) -> Reading:
     """Several load generators' readings as one: rates added, percentiles over every request's latency."""
     ms = np.concatenate([np.asarray(r["latencies_ms"], dtype=float) for r in readings])
@@ -230,7 +235,7 @@ def merge_readings(readings: list[Reading]) -> Reading:
         "processes": len(readings),
         "texts_per_request": readings[0]["texts_per_request"],
         **loadgen.percentiles(ms),
-        "error_kinds": dict(sum((Counter(r["error_kinds"]) for r in readings), Counter())),
+        "error_kinds": merge_counts(r["error_kinds"] for r in readings),
     }
 
 
