@@ -28,8 +28,8 @@ system-packages:
 dev-system-packages:
 	@bash scripts/system-packages.sh --with-prometheus
 
-# pip byte-compiles what it installs one file at a time (55 s of a 79 s install on 2 cores); compileall
-# does the same on every core. Errors are pip's to ignore too: a few packages ship files for other Python
+# The install (scripts/install.sh: uv, or pip) does not byte-compile; pip would, one file at a time (55 s of
+# a 79 s install on 2 cores), and compileall does it on every core. Errors are pip's to ignore too: a few packages ship files for other Python
 # versions. `make setup` leaves out the packages' own tests and the packages that no step of `make run`
 # imports (half of the 14,000 files: 10 s instead of 21 s on 2 cores); the test tools' install compiles
 # everything. A package left out here still works: Python compiles what it imports.
@@ -45,15 +45,14 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11 is required"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing what make run needs into $(VENV) (torch, ONNX Runtime, gRPC, ...: 20-30 s on 2 cores)"
+	@echo "installing what make run needs into $(VENV) (torch, ONNX Runtime, gRPC, ...: about 10 s on 2 cores)"
 	$(if $(GPU_EXTRA),@echo "nvidia-smi lists a GPU: CUDA 13 and cuDNN 9 from PyPI as well (onnxruntime-gpu's cuda and cudnn extras, about 3 GB)")
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e '.[train,codegen$(GPU_EXTRA)]'
+	bash scripts/install.sh $(PY) -e '.[train,codegen$(GPU_EXTRA)]'
 	$(COMPILE_RUN)
 	@touch $@
 $(DEV_STAMP): $(STAMP)
 	@echo "installing the test, lint and load tools into $(VENV)"
-	$(PY) -m pip install -q --no-compile -e '.[train,codegen,dev$(GPU_EXTRA)]'
+	bash scripts/install.sh $(PY) -e '.[train,codegen,dev$(GPU_EXTRA)]'
 	$(COMPILE)
 	@touch $@
 

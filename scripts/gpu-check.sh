@@ -20,6 +20,6 @@ fi
 nvidia-smi -L
 
 make dev-setup
-.venv/bin/python -m pip install -q -e '.[cuda]'  # a no-op where make setup saw the GPU
+bash scripts/install.sh .venv/bin/python -e '.[cuda]'  # a no-op where make setup saw the GPU
 make "${ARTIFACTS:-artifacts}/model.onnx" "${ARTIFACTS:-artifacts}/minilm/manifest.json"
 .venv/bin/python -m bench.gpu_check --model-dir "${ARTIFACTS:-artifacts}" --out docs

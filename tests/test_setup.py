@@ -14,14 +14,14 @@ from tests.conftest import ROOT
 
 
 def install_line(tmp_path: Path, nvidia_smi: str) -> str:
-    """The `pip install -e` line `make setup` would run with this nvidia-smi first on PATH (make -n: nothing runs)."""
+    """The install line `make setup` would run with this nvidia-smi first on PATH (make -n: nothing runs)."""
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\n{nvidia_smi}\n")
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
     dry_run = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=ROOT, env=env, capture_output=True,
                              text=True, check=True)  # fmt: skip
-    return next(line for line in dry_run.stdout.splitlines() if "pip install" in line and " -e " in line)
+    return next(line for line in dry_run.stdout.splitlines() if "scripts/install.sh" in line and " -e " in line)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +43,41 @@ def test_the_cuda_extra_is_the_served_onnxruntime_with_its_cuda_and_cudnn_librar
     served = next(d for d in project["dependencies"] if d.startswith("onnxruntime-gpu=="))
     [cuda] = project["optional-dependencies"]["cuda"]
     assert re.sub(r"\[cuda,cudnn\]", "", cuda) == served  # the same version and markers
+
+
+def fake_venv(tmp_path: Path, pip_config: dict[str, str], uv_exit: int = 0) -> Path:
+    """A virtualenv whose python answers `pip config get` from pip_config and logs every other call, and
+    whose uv logs its arguments and exits with uv_exit."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls"
+    answers = "".join(f'"-m pip config get global.{k}") echo "{v}"; exit 0;;\n' for k, v in pip_config.items())
+    (bin_dir / "python").write_text(
+        f'#!/bin/bash\ncase "$*" in\n{answers}"-m pip config get "*) exit 1;;\nesac\necho "python $*" >> {log}\n'
+    )
+    (bin_dir / "uv").write_text(f'#!/bin/bash\necho "uv $*" >> {log}\nexit {uv_exit}\n')
+    for program in bin_dir.iterdir():
+        program.chmod(0o755)
+    return bin_dir / "python"
+
+
+def run_install(python: Path, env: dict[str, str]) -> list[str]:
+    pip_env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    subprocess.run(["bash", str(ROOT / "scripts/install.sh"), str(python), "-e", ".[train]"],
+                   env={**pip_env, **env}, check=True, capture_output=True)  # fmt: skip
+    return (python.parents[2] / "calls").read_text().splitlines()
+
+
+def test_install_hands_pips_indexes_and_find_links_to_uv(tmp_path: Path) -> None:
+    python = fake_venv(tmp_path, {"extra-index-url": "file:///a/simple file:///b/simple", "find-links": "/ignored"})
+    calls = run_install(python, {"PIP_FIND_LINKS": "/opt/wheels"})  # the variable wins over the file, as in pip
+    uv = next(call for call in calls if call.startswith("uv "))
+    assert "--extra-index-url file:///a/simple --extra-index-url file:///b/simple" in uv
+    assert "--find-links /opt/wheels" in uv and "/ignored" not in uv
+    assert "--index-strategy unsafe-best-match" in uv and uv.endswith("-e .[train]")
+    assert not any("pip install -q --no-compile" in call for call in calls)  # uv did it: no pip install after
+
+
+def test_install_falls_back_to_pip_when_uv_fails(tmp_path: Path) -> None:
+    calls = run_install(fake_venv(tmp_path, {}, uv_exit=1), {})
+    assert calls[-1].endswith("-m pip install -q --no-compile -e .[train]")
