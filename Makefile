@@ -28,9 +28,9 @@ system-packages:
 dev-system-packages:
 	@bash scripts/system-packages.sh --with-prometheus
 
-# The install (scripts/install.sh: uv, or pip) does not byte-compile; pip would, one file at a time (55 s of
-# a 79 s install on 2 cores), and compileall does it on every core. Errors are pip's to ignore too: a few packages ship files for other Python
-# versions. `make setup` leaves out the packages' own tests and the packages that no step of `make run`
+# The install (scripts/install.sh: uv, or pip) does not byte-compile; pip would, one file at a time (55 s
+# of a 79 s install on 2 cores), and compileall does it on every core. Errors are pip's to ignore too: a few
+# packages ship files for other Python versions. `make setup` leaves out the packages' own tests and the packages that no step of `make run`
 # imports (half of the 14,000 files: 10 s instead of 21 s on 2 cores); the test tools' install compiles
 # everything. A package left out here still works: Python compiles what it imports.
 SITE_PACKAGES = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
