@@ -4,26 +4,39 @@
 #
 # uv resolves to the same packages as pip here and installs them on every core: 9.5-13.5 s against 22.3 s for
 # what `make run` needs from an empty cache on a 2-core VM, 6 s against 16 s for the test tools on top.
-# uv reads no pip configuration, so pip's indexes, extra indexes and find-links (where the CPU build of
-# torch lies) are handed to it, and every index is searched for the best version, as pip does.
+# uv reads no pip configuration, so pip's indexes, extra indexes, find-links (where the CPU build of torch
+# lies) and constraint files are handed to it, and every index is searched for the best version, as pip does.
 set -euo pipefail
 py=$1
 shift
 venv=$(dirname "$(dirname "$py")")
 UV_VERSION=0.13.9
 
-pip_setting() {  # pip's value for an option: its environment variable, else its configuration files
-    local variable
+# Every configuration file's settings, read once (`pip config get` misses some files: /etc/xdg/pip, for one).
+pip_files=$("$py" -m pip config list 2>/dev/null || true)
+pip_setting() {  # pip's value for an option: its environment variable, else its install section, else global
+    local variable section value
     variable=PIP_$(tr 'a-z-' 'A-Z_' <<<"$1")
-    if [ -n "${!variable:-}" ]; then echo "${!variable}"; else "$py" -m pip config get "global.$1" 2>/dev/null || true; fi
+    if [ -n "${!variable:-}" ]; then echo "${!variable}"; return; fi
+    for section in install global; do  # lines like global.find-links='/opt/wheels' (a Python repr)
+        value=$(sed -n "s/^$section\.$1=//p" <<<"$pip_files" | head -1)
+        if [ -n "$value" ]; then
+            value=${value:1:-1}     # the repr's quotes
+            echo "${value//\\n/ }"  # a list written on several lines: one item a line
+            return
+        fi
+    done
 }
 
-if "$py" -m pip install -q "uv==$UV_VERSION" >/dev/null 2>&1; then
+# The second install (the test tools) finds uv already there.
+if [ "$("$venv/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" = "$UV_VERSION" ] ||
+    "$py" -m pip install -q "uv==$UV_VERSION" >/dev/null 2>&1; then
     options=(--index-strategy unsafe-best-match)
     index=$(pip_setting index-url)
     [ -z "$index" ] || options+=(--index-url "$index")
     for url in $(pip_setting extra-index-url); do options+=(--extra-index-url "$url"); done
     for place in $(pip_setting find-links); do options+=(--find-links "$place"); done
+    for file in $(pip_setting constraint); do options+=(--constraints "$file"); done
     cert=$(pip_setting cert)
     [ -z "$cert" ] || export SSL_CERT_FILE=$cert
     # The cache beside the virtualenv, on its file system: files are linked, not copied, and go with it.
