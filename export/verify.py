@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,9 +29,15 @@ ROWS_ALONE_PER_CASE = 8  # rows re-run one by one per case; all of them for batc
 Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def progress(cases: Sequence[tuple[int, int]], what: str) -> Iterable[tuple[int, int]]:
-    """The (batch, sequence) cases of a check with a progress bar: all-MiniLM-L6-v2's take a minute on 2 cores."""
-    return tqdm(cases, desc=what, unit="batch", mininterval=1.0, leave=False)
+def progress(cases: Sequence[tuple[int, int]], what: str) -> Iterator[tuple[int, int]]:
+    """The (batch, sequence) cases of a check with a progress bar: all-MiniLM-L6-v2's take a minute on 2 cores.
+    The bar counts padded tokens, which a case's time follows: counted in cases, it would show three quarters
+    done after a quarter of the time."""
+    with tqdm(total=sum(b * s for b, s in cases), desc=what, unit="token", unit_scale=True, mininterval=1.0,
+              leave=False) as bar:  # fmt: skip
+        for batch, sequence in cases:
+            yield batch, sequence
+            bar.update(batch * sequence)
 
 
 def cases(max_len: int, batch_sizes: Sequence[int] = BATCH_SIZES) -> list[tuple[int, int]]:

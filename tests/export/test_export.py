@@ -9,9 +9,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from tqdm import tqdm
 
 from contract.manifest import file_sha256
-from export.verify import onnx_backend, torch_backend, verify
+from export.verify import cases, onnx_backend, progress, torch_backend, verify
 
 
 def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
@@ -206,3 +207,13 @@ def test_make_export_without_a_checkpoint_says_what_to_run(tmp_path: Path) -> No
     with pytest.raises(SystemExit) as exited:
         main(["--model-dir", str(tmp_path)])
     assert "checkpoint.pt not found" in str(exited.value.code) and "make train" in str(exited.value.code)
+
+
+def test_the_checks_progress_bar_counts_padded_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    # A case's time follows its padded tokens (batch x sequence), from 1 x 1 to 64 x 256: counted in cases,
+    # the bar would show three quarters done after a quarter of the time.
+    shapes = cases(40)
+    assert list(progress(shapes, "parity")) == shapes
+    padded = sum(batch * sequence for batch, sequence in shapes)
+    shown = capsys.readouterr().err
+    assert f"/{tqdm.format_sizeof(padded)} [" in shown and "token/s" in shown

@@ -7,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer
+from tqdm import tqdm
 
 import model.distill
 from contract.manifest import Manifest
+from model.checkpoint import encode_texts
 from model.distill import (
     cache_key,
     cosine_matrix,
@@ -79,6 +82,23 @@ def test_the_teacher_gives_the_same_rows_in_order_on_any_number_of_threads(
     for i in (0, 7, len(texts) - 1):  # and each is its own text's embedding, as computed alone
         one = model.distill.run_teacher(tiny_bert_artifacts, [texts[i]], precision="fp32")
         np.testing.assert_allclose(side_by_side[i], one[0], rtol=0, atol=1e-5)
+
+
+def test_the_teachers_progress_bar_counts_padded_tokens(
+    tiny_bert_artifacts: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The batches run shortest first, so their time grows along the bar: counted in batches, its estimate of
+    # the time left would be a third of the real one on the training corpus.
+    monkeypatch.setattr(model.distill, "TEACHER_BATCH", 4)
+    texts = [" ".join(["word"] * (1 + i % 9)) for i in range(84)]  # 21 batches, enough to show a bar
+    model.distill.run_teacher(tiny_bert_artifacts, texts, precision="fp32")
+    tokenizer = Tokenizer.from_file(str(tiny_bert_artifacts / "tokenizer.json"))
+    lengths = sorted(len(row) for row in encode_texts(tokenizer, texts, model.distill.TEACHER_MAX_TOKENS))
+    padded = sum(4 * max(lengths[start : start + 4]) for start in range(0, len(lengths), 4))
+    assert padded != len(lengths) // 4  # the batches are not all one token long
+    total = tqdm.format_sizeof(padded)
+    final = capsys.readouterr().err.replace("\r", "\n").splitlines()[-1]
+    assert f"| {total}/{total} [" in final and "token/s" in final
 
 
 def tiny_config(out_dir: Path, teacher_dir: str = "") -> TrainConfig:
