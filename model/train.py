@@ -229,8 +229,9 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         synsets = synsets[: config.max_synsets]
     train_synsets, held_out = split_synsets(synsets, config.held_out_fraction, config.seed)
     pairs, train_corpus = training_side(train_synsets, held_out)
-    say(f"{len(pairs)} training pairs; WordPiece vocabulary of {config.vocabulary} tokens")
+    say(f"{len(pairs):,} training pairs; WordPiece vocabulary of {config.vocabulary:,} tokens")
     tokenizer = train_tokenizer(train_corpus, config.vocabulary, config.model.max_len)
+    say("the training pairs' token ids")
     model_config = replace(
         config.model,
         vocab_size=tokenizer.get_vocab_size(),
@@ -249,6 +250,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     teacher_summary: dict[str, object] = {}
     if config.teacher_dir:
         texts = sorted({p.anchor for p in pairs} | {p.positive for p in pairs})
+        say(f"the teacher's embeddings of {len(texts):,} training texts")
         embeddings, teacher_summary = teacher_embeddings(Path(config.teacher_dir), texts, cache_dir)
         row_of = {t: i for i, t in enumerate(texts)}
         teacher = torch.from_numpy(embeddings)
@@ -322,7 +324,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             on_step(step, losses[-1])
     model.eval()
     if config.variance_rotation:
-        say(f"output axes by variance over {config.rotation_texts} training texts")
+        say(f"output axes by variance over {config.rotation_texts:,} training texts")
         sample = random.Random(config.seed).sample(range(len(pairs)), min(len(pairs), config.rotation_texts // 2))
         set_variance_rotation(model, [anchors[i] for i in sample] + [positives[i] for i in sample], pad)
 

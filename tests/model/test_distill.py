@@ -140,6 +140,23 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(
     assert projected.model.state_dict().keys() == plain.model.state_dict().keys()
 
 
+def test_a_distilling_run_says_each_step_before_it_runs(
+    tiny_bert_artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # On the real corpus each of these takes seconds to minutes before any bar shows (make run's progress).
+    train(replace(tiny_config(tmp_path, str(tiny_bert_artifacts)), progress=True))
+    said = [line.split("]: ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("train [")]
+    steps = [
+        "training pairs; WordPiece vocabulary",
+        "token ids",
+        "the teacher's embeddings of",
+        "output axes by variance",
+        "held-out WordNet retrieval",
+        "the same for test/tiny-bert",
+    ]
+    assert len(said) == len(steps) and all(step in line for step, line in zip(steps, said, strict=True)), said
+
+
 def test_the_student_starts_from_the_teachers_token_embeddings(tiny_bert_artifacts: Path, tmp_path: Path) -> None:
     config = replace(tiny_config(tmp_path, str(tiny_bert_artifacts)), steps=0)
     start = train(config)
