@@ -47,6 +47,7 @@ from typing import Protocol
 
 import numpy as np
 
+from server.batch_forming import BatchBudget, take_fifo, take_sorted
 from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,6 @@ class Backend(Protocol):
 
 
 RESERVED_SHARE = 0.25  # of max_queue_tokens: room only short requests may take
-MEASURED_SHARE = 0.2  # of max_batch_seconds: batches predicted shorter do not move the budget
 SHORT_SHARE = 1 / 64  # of max_queue_tokens: a request this short may use the reserved room (1,024 by default)
 
 
@@ -77,9 +77,7 @@ class BatchPolicy:
     # so splitting mixed lengths costs one more call but saves far more compute.
     max_padding_ratio: float = 0.15
     # Batch time at warm-up, fixed + per_token x padded tokens (OnnxRuntime.batch_cost). With max_batch_seconds,
-    # the budget follows the load: each batch predicted to take at least a fifth of max_batch_seconds is
-    # compared with its prediction, and the budget shrinks by the slowdown seen (the flood's clients sharing
-    # the cores) and grows back as it passes; 0 = off.
+    # the budget follows the load (server/batch_forming.py, BatchBudget); 0 = off.
     max_batch_seconds: float = 0.0
     fixed_batch_seconds: float = 0.0
     seconds_per_token: float = 0.0
@@ -190,9 +188,10 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
         self._expected_batch_seconds = 0.0  # moving average of recent batch times
-        self.batch_token_budget = policy.max_batch_tokens  # padded tokens a batch may hold now
-        self._observer.budget_changed(self.batch_token_budget)
-        self._slowdown = 1.0  # batch times against the warm-up's, smoothed (at least 1)
+        self._budget = BatchBudget(
+            policy.max_batch_tokens, policy.max_batch_seconds, policy.fixed_batch_seconds, policy.seconds_per_token
+        )
+        self._observer.budget_changed(self._budget.tokens)
         # A backend that fails every batch is reported unhealthy (health NOT_SERVING) and probed with
         # probe_rows every probe_interval seconds until a batch succeeds: once load balancers stop
         # sending, no real batch would ever tell it has recovered.
@@ -212,6 +211,11 @@ class Batcher:
     @property
     def queued_tokens(self) -> int:
         return self._queued_tokens
+
+    @property
+    def batch_token_budget(self) -> int:
+        """The padded tokens a batch may hold now."""
+        return self._budget.tokens
 
     @property
     def healthy(self) -> bool:
@@ -475,7 +479,20 @@ class Batcher:
         self._virtual_time = max(self._virtual_time, self._queue[0].tag)
         # A client whose tags are all behind the virtual time starts from it anyway: forget it.
         self._finish_tags = {c: t for c, t in self._finish_tags.items() if t > self._virtual_time}
-        batch = self._take_sorted() if self.policy.length_sorted else self._take_fifo()
+        p = self.policy
+        if p.length_sorted:
+            batch, self._queue, real = take_sorted(
+                self._queue,
+                max_items=p.max_batch_size,
+                max_padded_tokens=self._budget.tokens,
+                max_padding_ratio=p.max_padding_ratio,
+                sort_window=p.sort_window,
+            )
+        else:
+            batch, self._queue, real = take_fifo(
+                self._queue, max_items=p.max_batch_size, max_padded_tokens=self._budget.tokens
+            )
+        self._queued_tokens -= real
         for item in batch:
             item.request.queued -= 1
         self._running = batch
@@ -488,51 +505,6 @@ class Batcher:
         if p.max_delay <= 0 or len(self._queue) >= p.max_batch_size:
             return 0.0
         return self._queue[0].enqueued_at + p.max_delay - now
-
-    def _take_sorted(self) -> list[_Item]:
-        window = self._queue[: self.policy.sort_window]
-        by_length = sorted(range(len(window)), key=lambda i: (window[i].length, i))
-        lo = hi = by_length.index(0)  # the oldest item's place in length order
-        longest = real = window[0].length
-        count = 1
-
-        def padding_added(length: int) -> int | None:
-            """Padding one more item adds, or None if it breaks a limit or the padding-ratio cap."""
-            new_longest = max(longest, length)
-            padded = (count + 1) * new_longest
-            if count + 1 > self.policy.max_batch_size or padded > self.batch_token_budget:
-                return None
-            if padded - (real + length) > self.policy.max_padding_ratio * padded:
-                return None
-            return padded - count * longest - length  # a longer item pads every item already in
-
-        while True:
-            left = padding_added(window[by_length[lo - 1]].length) if lo > 0 else None
-            right = padding_added(window[by_length[hi + 1]].length) if hi + 1 < len(by_length) else None
-            if left is None and right is None:
-                break
-            if right is None or (left is not None and left <= right):
-                lo -= 1
-                added = window[by_length[lo]]
-            else:
-                hi += 1
-                added = window[by_length[hi]]
-            longest, real, count = max(longest, added.length), real + added.length, count + 1
-        chosen = {by_length[i] for i in range(lo, hi + 1)}
-        batch = [window[i] for i in sorted(chosen)]
-        self._queue = [item for i, item in enumerate(window) if i not in chosen] + self._queue[len(window) :]
-        self._queued_tokens -= real
-        return batch
-
-    def _take_fifo(self) -> list[_Item]:
-        count, longest = 0, 0
-        for item in self._queue[: self.policy.max_batch_size]:
-            if count and (count + 1) * max(longest, item.length) > self.batch_token_budget:
-                break
-            count, longest = count + 1, max(longest, item.length)
-        batch, self._queue = self._queue[:count], self._queue[count:]
-        self._queued_tokens -= sum(item.length for item in batch)
-        return batch
 
     async def _run(self, batch: list[_Item]) -> None:
         """Run ``batch``, and on the inference thread every batch that follows it without a pause."""
@@ -610,7 +582,8 @@ class Batcher:
         if error is None:
             self._observer.batch_finished(seconds, ok=True)
             self._expected_batch_seconds = 0.7 * self._expected_batch_seconds + 0.3 * seconds
-            self._follow_slowdown(len(batch) * max(item.length for item in batch), seconds)
+            if self._budget.observe(len(batch) * max(item.length for item in batch), seconds):
+                self._observer.budget_changed(self._budget.tokens)
             self._note_success()
         else:
             self._fail(batch, InferenceFailed(f"inference failed for this batch ({type(error).__name__})"))
@@ -622,23 +595,6 @@ class Batcher:
             self._batch_started(following, finished)
         if following or removed:
             self._publish_queue()
-
-    def _follow_slowdown(self, padded_tokens: int, seconds: float) -> None:
-        """Size the budget so that a batch runs within max_batch_seconds at the slowdown measured now."""
-        p = self.policy
-        if not (p.max_batch_seconds and p.seconds_per_token):
-            return
-        predicted = p.fixed_batch_seconds + p.seconds_per_token * padded_tokens
-        if predicted < MEASURED_SHARE * p.max_batch_seconds:
-            return  # a small batch's time is mostly fixed costs (the hand-over, the call), not tokens
-        self._slowdown = max(1.0, 0.5 * self._slowdown + 0.5 * seconds / predicted)
-        fitting = (p.max_batch_seconds / self._slowdown - p.fixed_batch_seconds) / p.seconds_per_token
-        # Never so small that a batch's time can no longer be measured: then the slowdown could not pass.
-        floor = (MEASURED_SHARE * p.max_batch_seconds - p.fixed_batch_seconds) / p.seconds_per_token
-        budget = max(1, min(p.max_batch_tokens, round(max(fitting, floor))))
-        if budget != self.batch_token_budget:
-            self.batch_token_budget = budget
-            self._observer.budget_changed(budget)
 
     @staticmethod
     def _check_output(output: object, rows: int) -> np.ndarray:

@@ -26,7 +26,7 @@ MAY_IMPORT = {
 
 # Inside server/, lowest first: a module imports only modules of lower layers.
 SERVER_LAYERS = (
-    {"request_ids"},
+    {"request_ids", "batch_forming"},
     {"errors", "loops", "memory", "runtime", "client"},
     {"config", "admission", "auth", "backend", "batcher", "tokenize"},
     {"metrics", "workers"},
