@@ -6,7 +6,6 @@ A batch's cost on a padded backend is items x its longest item, so its padded to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 MEASURED_SHARE = 0.2  # of max_batch_seconds: batches predicted shorter do not move the budget
@@ -21,7 +20,7 @@ Item = TypeVar("Item", bound=Queued)
 
 
 def take_sorted(
-    queue: Sequence[Item], *, max_items: int, max_padded_tokens: int, max_padding_ratio: float, sort_window: int
+    queue: list[Item], *, max_items: int, max_padded_tokens: int, max_padding_ratio: float, sort_window: int
 ) -> tuple[list[Item], list[Item], int]:
     """The next batch from a non-empty queue in fair-queueing order: its first item, then, from the first
     ``sort_window`` items in length order, whichever neighbour adds the least padding, while padding stays at most
@@ -62,7 +61,7 @@ def take_sorted(
     return batch, rest, real
 
 
-def take_fifo(queue: Sequence[Item], *, max_items: int, max_padded_tokens: int) -> tuple[list[Item], list[Item], int]:
+def take_fifo(queue: list[Item], *, max_items: int, max_padded_tokens: int) -> tuple[list[Item], list[Item], int]:
     """The next batch in plain queue order up to the limits (the benchmark's baseline): the batch, the rest of the
     queue and the batch's real tokens."""
     count, longest = 0, 0
@@ -70,8 +69,8 @@ def take_fifo(queue: Sequence[Item], *, max_items: int, max_padded_tokens: int) 
         if count and (count + 1) * max(longest, item.length) > max_padded_tokens:
             break
         count, longest = count + 1, max(longest, item.length)
-    batch = list(queue[:count])
-    return batch, list(queue[count:]), sum(item.length for item in batch)
+    batch = queue[:count]
+    return batch, queue[count:], sum(item.length for item in batch)
 
 
 class BatchBudget:
@@ -100,5 +99,7 @@ class BatchBudget:
         # Never so small that a batch's time can no longer be measured: then the slowdown could not pass.
         floor = (MEASURED_SHARE * self._max_batch_seconds - self._fixed_seconds) / self._seconds_per_token
         budget = max(1, min(self._max_tokens, round(max(fitting, floor))))
-        changed, self.tokens = budget != self.tokens, budget
-        return changed
+        if budget == self.tokens:
+            return False
+        self.tokens = budget
+        return True
