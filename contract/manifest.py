@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -77,12 +77,18 @@ class Manifest:
         if unknown or missing:
             raise ManifestError(f"{where}: unknown fields {unknown}, missing fields {missing}")
         values = dict(data)
-        try:
-            values["files"] = {name: str(entry["sha256"]) for name, entry in data.get("files", {}).items()}
-            values["inputs"] = tuple(str(name) for name in data.get("inputs", cls.inputs))
-            values["matryoshka_dims"] = tuple(int(d) for d in data.get("matryoshka_dims", ()))
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"{where}: malformed files, inputs or matryoshka_dims ({e})") from None
+        # The fields whose JSON is not their value: what each must be, and how it is read.
+        readers: dict[str, tuple[str, Callable[[Any], object]]] = {
+            "files": ('an object of file names to {"sha256": "<hex>"}', _read_files),
+            "inputs": ("a list of input names", lambda inputs: tuple(str(name) for name in _as_list(inputs))),
+            "matryoshka_dims": ("a list of integers", lambda dims: tuple(int(d) for d in _as_list(dims))),
+        }
+        for name, (shape, read) in readers.items():
+            if name in data:
+                try:
+                    values[name] = read(data[name])
+                except (AttributeError, KeyError, TypeError, ValueError) as e:
+                    raise ManifestError(f"{where}: malformed {name}: it must be {shape} ({e})") from None
         manifest = cls(**values)
         manifest._check_types(where)
         return manifest
@@ -136,6 +142,24 @@ class Manifest:
             wrong.append("matryoshka_dims must end with dim")
         if wrong:
             raise ManifestError(f"{where}: {'; '.join(wrong)}")
+
+
+def _as_list(value: object) -> list[Any]:
+    """A JSON array as a list; anything else (a string would iterate as its characters) is refused."""
+    if not isinstance(value, list):
+        raise TypeError(f"found {type(value).__name__}")
+    return value
+
+
+def _read_files(files: object) -> dict[str, str]:
+    if not isinstance(files, Mapping):
+        raise TypeError(f"found {type(files).__name__}")
+    digests = {}
+    for name, entry in files.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("sha256"), str):
+            raise TypeError(f"{name!r} is {json.dumps(entry)}")
+        digests[str(name)] = entry["sha256"]
+    return digests
 
 
 def file_sha256(path: Path) -> str:
