@@ -77,13 +77,7 @@ class Manifest:
         if unknown or missing:
             raise ManifestError(f"{where}: unknown fields {unknown}, missing fields {missing}")
         values = dict(data)
-        # The fields whose JSON is not their value: what each must be, and how it is read.
-        readers: dict[str, tuple[str, Callable[[Any], object]]] = {
-            "files": ('an object of file names to {"sha256": "<hex>"}', _read_files),
-            "inputs": ("a list of input names", lambda inputs: tuple(str(name) for name in _as_list(inputs))),
-            "matryoshka_dims": ("a list of integers", lambda dims: tuple(int(d) for d in _as_list(dims))),
-        }
-        for name, (shape, read) in readers.items():
+        for name, (shape, read) in _READERS.items():
             if name in data:
                 try:
                     values[name] = read(data[name])
@@ -160,6 +154,25 @@ def _read_files(files: object) -> dict[str, str]:
             raise TypeError(f"{name!r} is {json.dumps(entry)}")
         digests[str(name)] = entry["sha256"]
     return digests
+
+
+def _read_names(names: object) -> tuple[str, ...]:
+    return tuple(str(name) for name in _as_list(names))
+
+
+def _read_integers(values: object) -> tuple[int, ...]:
+    integers = _as_list(values)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in integers):
+        raise TypeError(f"found {json.dumps(integers)}")  # int() would take 32.7, "32" and true
+    return tuple(integers)
+
+
+# The fields whose JSON is not their value: the shape each must have, and its reader.
+_READERS: dict[str, tuple[str, Callable[[object], object]]] = {
+    "files": ('an object of file names to {"sha256": "<hex>"}', _read_files),
+    "inputs": ("a list of input names", _read_names),
+    "matryoshka_dims": ("a list of integers", _read_integers),
+}
 
 
 def file_sha256(path: Path) -> str:

@@ -45,6 +45,7 @@ def test_the_exported_models_manifest_is_read_by_the_typed_reader(tiny_artifacts
         ({"files": ["model.onnx"]}, "malformed files: it must be an object"),
         ({"inputs": "input_ids"}, "malformed inputs: it must be a list of input names (found str)"),
         ({"matryoshka_dims": [32, "x"]}, "malformed matryoshka_dims: it must be a list of integers"),
+        ({"matryoshka_dims": [32.5, 8]}, "malformed matryoshka_dims: it must be a list of integers (found [32.5, 8])"),
     ],
 )
 def test_a_manifest_of_another_schema_or_shape_is_refused_naming_the_problem(
