@@ -212,29 +212,47 @@ def test_the_protocol_targets_take_medians_of_the_rounds_against_the_serial_limi
     run["protocols"] = {
         "raw": {"1x32": 4000.0, "8x16": 8000.0, "1x1": 3000.0},
         "loads": {
-            "1x32": {"grpc": readings(900, 1000, 1600), "http": readings(1500), "http ceiling": readings(20000)},
+            "1x32": {
+                "grpc": readings(900, 1000, 1600),
+                "http": readings(1350, 1500, 2400),
+                "http ceiling": readings(20000, 20000, 20000),
+            },
             "8x16": {"grpc": readings(1600), "http": readings(2000), "http ceiling": readings(2500)},
             "1x1": {"grpc": readings(500, p50=1.7), "http": readings(800, p50=0.7), "http ceiling": readings(8000)},
         },
     }
+    # A machine whose speed moved from round to round: each round's own ratio is 0.95x.
     run["minilm"]["protocols"] = {
         "raw": {"1x32": 110.0, "8x16": 120.0},
         "loads": {
             "1x32": {"grpc": readings(100), "http": readings(97), "http ceiling": readings(20000)},
-            "8x16": {"grpc": readings(100), "http": readings(90), "http ceiling": readings(2500)},
+            "8x16": {
+                "grpc": readings(1000, 800, 1300),
+                "http": readings(950, 760, 1235),
+                "http ceiling": readings(2500, 2500, 2500),
+            },
         },
     }
     rows = {name: (measured, met) for name, measured, _, met in targets(run)}
-    # L = 1 / (1/20000 + 1/4000) = 3333 texts/s at 1 x 32; HTTP's 1500 is 0.45 of it, 1.5x gRPC's median 1000.
+    # L = 1 / (1/20000 + 1/4000) = 3333 texts/s at 1 x 32; HTTP's median 1500 is 0.45 of it, 1.5x gRPC's in
+    # every round.
     assert rows["HTTP: server vs its serial limit L, 1 text x 32 clients"] == ("0.45 L", False)
     assert rows["HTTP against gRPC, 1 text x 32 clients"] == ("1.50x", False)
     assert rows["HTTP against gRPC, 8 texts x 16 clients"] == ("1.25x", True)
     assert rows["HTTP: p50 at one client vs raw single-text inference"] == ("0.70 ms vs 0.30 ms", True)
-    assert rows["all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads"] == ("0.90x", False)
+    assert rows["all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads"] == ("0.95x", True)
     # The ceiling answers per request: at 8 texts each, 2500 requests/s carry 20000 texts/s.
     table = protocols_table(run["protocols"])
-    assert "| 1 text(s) x 32 clients | 1000 | 1500 | 1.50x | 20000 | 3333 | 0.45 | 1.00 / 1.00 |" in table
-    assert "| 8 text(s) x 16 clients | 1600 | 2000 | 1.25x | 2500 | 5714 | 0.35 | 1.00 / 1.00 |" in table
+    assert "| 1 text(s) x 32 clients | 1000 | 1500 | 1.50x (1.50-1.50) | 20000 | 3333 | 0.45 | 1.00 / 1.00 |" in table
+    assert "| 8 text(s) x 16 clients | 1600 | 2000 | 1.25x (1.25-1.25) | 2500 | 5714 | 0.35 | 1.00 / 1.00 |" in table
+    minilm = protocols_table(run["minilm"]["protocols"])
+    assert "| 8 text(s) x 16 clients | 1000 | 950 | 0.95x (0.95-0.95) |" in minilm
+    # Rounds whose ratios differ: the median of the rounds' ratios (0.88, 1.05, 1.00), not the ratio of the
+    # medians (880 against 1000), with the lowest and highest beside it.
+    run["minilm"]["protocols"]["loads"]["8x16"]["http"] = readings(880, 840, 1300)
+    assert "| 8 text(s) x 16 clients | 1000 | 880 | 1.00x (0.88-1.05) |" in protocols_table(run["minilm"]["protocols"])
+    rows = {name: (measured, met) for name, measured, _, met in targets(run)}
+    assert rows["all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads"] == ("0.97x", True)
 
 
 def test_the_protocol_comparison_reads_every_target_in_every_round(served: ServerThread, tmp_path: Path) -> None:
