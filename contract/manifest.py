@@ -81,7 +81,7 @@ class Manifest:
             if name in data:
                 try:
                     values[name] = read(data[name])
-                except (AttributeError, KeyError, TypeError, ValueError) as e:
+                except TypeError as e:  # what every reader raises
                     raise ManifestError(f"{where}: malformed {name}: it must be {shape} ({e})") from None
         manifest = cls(**values)
         manifest._check_types(where)
@@ -124,7 +124,7 @@ class Manifest:
         wrong = [
             f"{name} should be {kind.__name__}"
             for name, kind in expected.items()
-            if not isinstance(getattr(self, name), kind) or (kind is int and isinstance(getattr(self, name), bool))
+            if not (_is_integer(getattr(self, name)) if kind is int else isinstance(getattr(self, name), kind))
         ]
         wrong += [f"{name} should be an object" for name in ("config", "training", "parity", "precision")
                   if not isinstance(getattr(self, name), Mapping)]  # fmt: skip
@@ -138,18 +138,21 @@ class Manifest:
             raise ManifestError(f"{where}: {'; '.join(wrong)}")
 
 
-def _as_list(value: object) -> list[Any]:
-    """A JSON array as a list; anything else (a string would iterate as its characters) is refused."""
-    if not isinstance(value, list):
+def _is_integer(value: object) -> bool:
+    """A JSON integer: Python's bool is an int, JSON's true is not."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _of_kind(value: object, kind: type) -> Any:
+    """value where it is a kind (a string where a list belongs would iterate as its characters); else TypeError."""
+    if not isinstance(value, kind):
         raise TypeError(f"found {type(value).__name__}")
     return value
 
 
 def _read_files(files: object) -> dict[str, str]:
-    if not isinstance(files, Mapping):
-        raise TypeError(f"found {type(files).__name__}")
     digests = {}
-    for name, entry in files.items():
+    for name, entry in _of_kind(files, Mapping).items():
         if not isinstance(entry, Mapping) or not isinstance(entry.get("sha256"), str):
             raise TypeError(f"{name!r} is {json.dumps(entry)}")
         digests[str(name)] = entry["sha256"]
@@ -157,12 +160,12 @@ def _read_files(files: object) -> dict[str, str]:
 
 
 def _read_names(names: object) -> tuple[str, ...]:
-    return tuple(str(name) for name in _as_list(names))
+    return tuple(str(name) for name in _of_kind(names, list))
 
 
 def _read_integers(values: object) -> tuple[int, ...]:
-    integers = _as_list(values)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in integers):
+    integers = _of_kind(values, list)
+    if not all(map(_is_integer, integers)):
         raise TypeError(f"found {json.dumps(integers)}")  # int() would take 32.7, "32" and true
     return tuple(integers)
 
