@@ -69,7 +69,7 @@ def export_all(
     with step(model_id, "fp16 build; int8 builds, timed; both compared with fp32"):
         export_fp16(model_dir)
         int8_choice, rows = export_int8(
-            model_dir, config.n_heads, config.d_model, config.max_len, config.vocab_size, config.pad_id,
+            model_dir, config.n_heads, config.d_model, config.max_len, report.reference_batches, config.vocab_size,
             compare_also={"fp16": model_dir / FP16_FILE},
         )  # fmt: skip
         precision = precision_report(rows)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dyna
 from tqdm import tqdm
 
 from contract.manifest import MODEL_FILES
-from export.verify import INT8_MEAN_COSINE_BAR, row_cosines_against_fp32
+from export.verify import INT8_MEAN_COSINE_BAR, ReferenceBatch, row_cosines_against_fp32
 
 INT8_FILE = MODEL_FILES["int8"]
 FP16_FILE = MODEL_FILES["fp16"]
@@ -79,11 +80,15 @@ def _optimize(fp32: Path, out: Path, num_heads: int, hidden_size: int) -> Path:
     return out
 
 
-def _quantize(source: Path, out: Path, per_channel: bool = True, weight_type: QuantType = QuantType.QInt8) -> Path:
-    with tempfile.TemporaryDirectory() as tmp:
-        prepared = Path(tmp) / "prepared.onnx"
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(out), weight_type=weight_type, per_channel=per_channel)
+def _prepare(source: Path, out: Path) -> Path:
+    """The graph quantize_dynamic is given: ONNX Runtime's pre-processing (shape inference, constant
+    folding), once per graph for all the candidates quantized from it."""
+    quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
+    return out
+
+
+def _quantize(prepared: Path, out: Path, per_channel: bool = True, weight_type: QuantType = QuantType.QInt8) -> Path:
+    quantize_dynamic(str(prepared), str(out), weight_type=weight_type, per_channel=per_channel)
     return out
 
 
@@ -108,35 +113,37 @@ def export_int8(
     num_heads: int,
     hidden_size: int,
     max_len: int,
+    reference: Sequence[ReferenceBatch],
     vocab_size: int = 1000,
-    pad_id: int = 0,
     compare_also: dict[str, Path] | None = None,
 ) -> tuple[dict[str, object], dict[str, np.ndarray]]:
-    """Builds, times and compares the int8 candidates; writes the one chosen. Returns the choice's figures
-    and each row's cosine to fp32 for the kept int8 build and for every build in compare_also (fp32 runs
-    each comparison batch once for all of them)."""
+    """Builds, times and compares the int8 candidates with fp32's embeddings of the reference batches (the
+    parity's); writes the one chosen. Returns the choice's figures and each row's cosine to fp32 for the
+    kept int8 build and for every build in compare_also."""
     sequence = min(TIMING_SEQUENCE, max_len)
     fp32 = model_dir / "model.onnx"
     compare_also = compare_also or {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
         print("int8 builds: per channel, per tensor, uint8 weights, optimized graph", flush=True)
+        prepared = _prepare(fp32, tmp_dir / "prepared.onnx")
         candidates = {
-            "quantized": _quantize(fp32, tmp_dir / "plain.int8.onnx"),
-            "quantized per tensor": _quantize(fp32, tmp_dir / "per-tensor.int8.onnx", per_channel=False),
+            "quantized": _quantize(prepared, tmp_dir / "plain.int8.onnx"),
+            "quantized per tensor": _quantize(prepared, tmp_dir / "per-tensor.int8.onnx", per_channel=False),
             # Unsigned weights: x86 CPUs without VNNI multiply uint8 activations by int8 weights in int16
             # pairs that can saturate; uint8 x uint8 takes another kernel that does not.
-            "quantized u8 weights": _quantize(fp32, tmp_dir / "u8.int8.onnx", weight_type=QuantType.QUInt8),
+            "quantized u8 weights": _quantize(prepared, tmp_dir / "u8.int8.onnx", weight_type=QuantType.QUInt8),
         }
         try:
             optimized = _optimize(fp32, tmp_dir / "optimized.onnx", num_heads, hidden_size)
-            candidates["optimized+quantized"] = _quantize(optimized, tmp_dir / "optimized.int8.onnx")
+            optimized_prepared = _prepare(optimized, tmp_dir / "optimized.prepared.onnx")
+            candidates["optimized+quantized"] = _quantize(optimized_prepared, tmp_dir / "optimized.int8.onnx")
         except Exception as e:  # the optimizer is best-effort; the plain quantized model always works
             logging.getLogger(__name__).warning("transformer optimizer failed (%s); using plain quantization", e)
         timings = time_models({**candidates, "fp32": fp32}, sequence=sequence, vocab_size=vocab_size)
         fp32_seconds = timings.pop("fp32")
         builds = {**candidates, **compare_also}
-        compared = row_cosines_against_fp32(fp32, list(builds.values()), vocab_size, pad_id, max_len)
+        compared = row_cosines_against_fp32(reference, list(builds.values()))
         rows = dict(zip(builds, compared, strict=True))
         cosines = {name: float(rows[name].mean()) for name in candidates}
         chosen = choose_int8(timings, cosines)

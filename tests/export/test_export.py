@@ -114,6 +114,10 @@ def test_parity_report_passes_for_the_real_backends(tiny_training, tiny_artifact
     assert report.passes(), report.table()
     assert {c["sequence"] for c in report.cases} == {1, 2, 17, 32}
     assert {c["batch"] for c in report.cases} == {1, 3, 16, 64}
+    # fp32 ONNX Runtime's outputs on every case are kept: the int8 and fp16 builds are compared with them.
+    assert [b.ids.shape for b in report.reference_batches] == [(c["batch"], c["sequence"]) for c in report.cases[::3]]
+    for kept in report.reference_batches:
+        np.testing.assert_allclose(kept.embeddings, backends["onnx"](kept.ids, kept.mask), rtol=0, atol=1e-6)
 
 
 def test_parity_report_catches_a_backend_that_drifts(tiny_training, tiny_artifacts: Path) -> None:
