@@ -120,6 +120,7 @@ def export_int8(
     """Builds, times and compares the int8 candidates with fp32's embeddings of the reference batches (the
     parity's); writes the one chosen. Returns the choice's figures and each row's cosine to fp32 for the
     kept int8 build and for every build in compare_also."""
+    assert reference, "no fp32 outputs to compare the builds with: the parity check keeps them"
     sequence = min(TIMING_SEQUENCE, max_len)
     fp32 = model_dir / "model.onnx"
     compare_also = compare_also or {}

@@ -65,8 +65,8 @@ class PairFigures:
 @dataclass(frozen=True)
 class ReferenceBatch:
     """One parity case's inputs and fp32 ONNX Runtime's embeddings of them. The int8 and fp16 builds are
-    compared with these rather than with a second fp32 run: that run was a sixth of the comparison (6 of
-    all-MiniLM-L6-v2's 38 s on 2 cores)."""
+    compared with these rather than with a second fp32 run, which took a fifth of all-MiniLM-L6-v2's
+    comparison on 2 cores (docs/model.md, "Reproduce")."""
 
     ids: np.ndarray  # (B, S) int64
     mask: np.ndarray  # (B, S) int64
