@@ -36,9 +36,15 @@ SAME_SPEED = 0.05
 
 
 def _session(path: Path) -> ort.InferenceSession:
+    """A timing session. Its threads sleep between runs, as the server's do by default: the builds take turns,
+    and with ONNX Runtime's spinning threads each turn also timed the other sessions' threads busy-waiting on
+    the same cores (the student's per-channel build read 12.6-20.9 ms in four timings, 5.1-5.4 ms without;
+    docs/decisions/0012)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -165,6 +165,16 @@ def test_int8_keeps_the_fastest_build_that_is_accurate_enough() -> None:
     )
 
 
+def test_int8_builds_are_timed_on_threads_that_sleep_between_runs(tiny_artifacts: Path) -> None:
+    # The builds take turns on the same cores: a session whose threads busy-wait after its run would be timed
+    # into the next build's turn.
+    from export.quantize import _session
+
+    options = _session(tiny_artifacts / "model.onnx").get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+
+
 def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Path) -> None:
     manifest = json.loads((tiny_artifacts / "manifest.json").read_text())
     assert {"model.int8.onnx", "model.fp16.onnx"} <= set(manifest["files"])
