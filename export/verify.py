@@ -143,8 +143,11 @@ def torch_backend(module: torch.nn.Module | torch.jit.ScriptModule) -> Backend:
 
 
 def onnx_backend(path: Path | str) -> Backend:
+    """fp32 ONNX Runtime on the CPU, its threads asleep between runs: the checks run several backends in turn on
+    the same cores, and a session's threads busy-waiting after its run would slow the next backend's."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
