@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 from tqdm import tqdm
 
 from contract.manifest import MODEL_FILES
-from export.verify import INT8_MEAN_COSINE_BAR, ReferenceBatch, row_cosines_against_fp32
+from export.verify import INT8_MEAN_COSINE_BAR, ReferenceBatch, cpu_session, row_cosines_against_fp32
 
 INT8_FILE = MODEL_FILES["int8"]
 FP16_FILE = MODEL_FILES["fp16"]
@@ -33,19 +32,6 @@ TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates ar
 # 3% swapped places from one timing to the next, and a choice by noise would change the served model
 # (and the teacher's targets when the model is a distillation teacher) from one export to the next.
 SAME_SPEED = 0.05
-
-
-def _session(path: Path) -> ort.InferenceSession:
-    """A timing session. Its threads sleep between runs, as the server's do by default: the builds take turns,
-    and with ONNX Runtime's spinning threads each turn also timed the other sessions' threads busy-waiting on
-    the same cores (the student's per-channel build read 12.6-20.9 ms in four timings, 5.1-5.4 ms without;
-    docs/decisions/0012)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def time_models(
@@ -60,7 +46,7 @@ def time_models(
     models take turns, one timed run each per round: a slow spell of the machine then slows every model
     alike instead of the one timed during it. Each turn times a model's second run, its weights back in
     the caches as when it serves alone."""
-    sessions = {name: _session(path) for name, path in paths.items()}
+    sessions = {name: cpu_session(path) for name, path in paths.items()}
     rng = np.random.default_rng(seed)
     ids = rng.integers(4, min(1000, vocab_size), size=(batch, sequence), dtype=np.int64)
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}

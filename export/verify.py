@@ -142,13 +142,21 @@ def torch_backend(module: torch.nn.Module | torch.jit.ScriptModule) -> Backend:
     return run
 
 
-def onnx_backend(path: Path | str) -> Backend:
-    """fp32 ONNX Runtime on the CPU, its threads asleep between runs: the checks run several backends in turn on
-    the same cores, and a session's threads busy-waiting after its run would slow the next backend's."""
+def cpu_session(path: Path | str) -> ort.InferenceSession:
+    """An ONNX Runtime CPU session whose threads sleep between runs, as the server's do by default. The export
+    runs several sessions in turn on the same cores (the checks, the int8 builds' timing): threads busy-waiting
+    after one session's run take the cores of the next, and timed the int8 builds by their neighbours' spinning
+    (the student's per-channel build read 12.6-20.9 ms with it, 5.1-5.4 ms without: docs/decisions/0012)."""
     options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_backend(path: Path | str) -> Backend:
+    session = cpu_session(path)
 
     def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]

@@ -165,12 +165,12 @@ def test_int8_keeps_the_fastest_build_that_is_accurate_enough() -> None:
     )
 
 
-def test_int8_builds_are_timed_on_threads_that_sleep_between_runs(tiny_artifacts: Path) -> None:
-    # The builds take turns on the same cores: a session whose threads busy-wait after its run would be timed
-    # into the next build's turn.
-    from export.quantize import _session
+def test_the_exports_sessions_sleep_between_runs(tiny_artifacts: Path) -> None:
+    # The checks and the int8 builds' timing run sessions in turn on the same cores: a session whose threads
+    # busy-wait after its run would be timed into the next build's turn.
+    from export.verify import cpu_session
 
-    options = _session(tiny_artifacts / "model.onnx").get_session_options()
+    options = cpu_session(tiny_artifacts / "model.onnx").get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
 
