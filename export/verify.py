@@ -64,9 +64,8 @@ class PairFigures:
 
 @dataclass(frozen=True)
 class ReferenceBatch:
-    """One parity case's inputs and fp32 ONNX Runtime's embeddings of them. The int8 and fp16 builds are
-    compared with these rather than with a second fp32 run, which took a fifth of all-MiniLM-L6-v2's
-    comparison on 2 cores (docs/model.md, "Reproduce")."""
+    """One parity case's inputs and fp32 ONNX Runtime's embeddings of them: the int8 and fp16 builds are
+    compared with these, so fp32 runs each batch once (docs/model.md, "Reproduce")."""
 
     ids: np.ndarray  # (B, S) int64
     mask: np.ndarray  # (B, S) int64
@@ -79,7 +78,7 @@ class ParityReport:
     pairs: dict[str, PairFigures] = field(default_factory=dict)
     row_alone_max_abs: dict[str, float] = field(default_factory=dict)
     non_finite: int = 0
-    # The reference backend's outputs on every case, for the precision comparison; not in the manifest.
+    # The "onnx" backend's outputs on every case, for the precision comparison; not in the manifest.
     reference_batches: list[ReferenceBatch] = field(default_factory=list, repr=False)
 
     def passes(self) -> bool:
@@ -145,10 +144,9 @@ def torch_backend(module: torch.nn.Module | torch.jit.ScriptModule) -> Backend:
 def cpu_session(path: Path | str) -> ort.InferenceSession:
     """An ONNX Runtime CPU session whose threads sleep between runs, as the server's do by default. The export
     runs several sessions in turn on the same cores (the checks, the int8 builds' timing): threads busy-waiting
-    after one session's run take the cores of the next, and timed the int8 builds by their neighbours' spinning
-    (the student's per-channel build read 12.6-20.9 ms with it, 5.1-5.4 ms without: docs/decisions/0012)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    after one session's run take the cores of the next, and would time each int8 build with its neighbours'
+    spinning (docs/decisions/0012)."""
+    options = ort.SessionOptions()  # graph optimisations: all, ONNX Runtime's default
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -171,9 +169,8 @@ def verify(
     max_len: int,
     seed: int = BATCH_SEED,
     batch_sizes: Sequence[int] = BATCH_SIZES,
-    reference: str = "onnx",
 ) -> ParityReport:
-    """Every pair of backends on every case; the `reference` backend's outputs are kept in the report."""
+    """Every pair of backends on every case; the "onnx" backend's outputs are kept in the report."""
     rng = np.random.default_rng(seed)
     rows_rng = np.random.default_rng([seed, 1])  # the rows re-run alone: the batches do not depend on them
     report = ParityReport()
@@ -184,8 +181,8 @@ def verify(
     for batch, sequence in progress(cases(max_len, batch_sizes), "parity"):
         ids, mask = random_batch(rng, batch, sequence, vocab_size, pad_id)
         outputs = {name: fn(ids, mask) for name, fn in backends.items()}
-        if reference in outputs:
-            report.reference_batches.append(ReferenceBatch(ids, mask, outputs[reference]))
+        if "onnx" in outputs:
+            report.reference_batches.append(ReferenceBatch(ids, mask, outputs["onnx"]))
         report.non_finite += sum(int((~np.isfinite(o)).sum()) for o in outputs.values())
         for a, b in pair_names:
             case = PairFigures()
