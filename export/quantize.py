@@ -3,7 +3,7 @@
 For int8, four candidates are built, timed on this machine and compared with fp32: the exported graph
 quantized with per-channel int8 weight scales, with one scale per tensor, and with per-channel uint8
 weights, and the graph after ONNX Runtime's transformer optimizer, per channel. Of those whose mean
-cosine to fp32 meets the bar, the fastest is kept, or the most accurate of the builds within 5% of its
+cosine to fp32 meets the bar, the fastest is kept, or the most accurate of the builds within 10% of its
 speed (a tie); if none meets the bar, the most accurate (the export then reports the miss). Speed alone
 is not enough: which options keep a model accurate depends on its weights and on the CPU's int8
 instructions (docs/model.md, "Export and parity"). The choice, timings and cosines go into the manifest.
@@ -28,10 +28,11 @@ from export.verify import INT8_MEAN_COSINE_BAR, ReferenceBatch, cpu_session, row
 INT8_FILE = MODEL_FILES["int8"]
 FP16_FILE = MODEL_FILES["fp16"]
 TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates are timed on
-# Candidates this close in speed are a tie, decided by accuracy: on a shared 2-core VM two builds within
-# 3% swapped places from one timing to the next, and a choice by noise would change the served model
-# (and the teacher's targets when the model is a distillation teacher) from one export to the next.
-SAME_SPEED = 0.05
+# Candidates this close in speed are a tie, decided by accuracy: a choice by timing noise would change the
+# served int8 model (and the teacher's targets when the model is a distillation teacher) from one export of
+# the same weights to the next. On a shared 2-core VM builds 0-3% apart came up to 6.5% apart in one export
+# (decisions/0012).
+SAME_SPEED = 0.10
 
 
 def time_models(

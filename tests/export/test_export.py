@@ -146,7 +146,7 @@ def test_parity_report_catches_padding_leaks(tiny_training) -> None:
 def test_int8_keeps_the_fastest_build_that_is_accurate_enough() -> None:
     from export.quantize import choose_int8
 
-    seconds = {"quantized": 0.010, "quantized per tensor": 0.011, "optimized+quantized": 0.008}
+    seconds = {"quantized": 0.010, "quantized per tensor": 0.012, "optimized+quantized": 0.008}
     # The fastest is below the bar: the fastest of those above it is kept.
     assert choose_int8(seconds, {"quantized": 0.995, "quantized per tensor": 0.999, "optimized+quantized": 0.98}) == (
         "quantized"
@@ -154,11 +154,12 @@ def test_int8_keeps_the_fastest_build_that_is_accurate_enough() -> None:
     assert choose_int8(seconds, {"quantized": 0.995, "quantized per tensor": 0.999, "optimized+quantized": 0.991}) == (
         "optimized+quantized"
     )
-    # Within 5% of the fastest is a tie, which the more accurate wins: timing noise does not decide.
-    tied = {"quantized": 0.0100, "quantized per tensor": 0.0104, "optimized+quantized": 0.0200}
+    # Within 10% of the fastest is a tie, which the more accurate wins: timing noise does not decide (the
+    # student's per-channel and per-tensor builds have timed up to 6.5% apart in one export).
+    tied = {"quantized": 0.0100, "quantized per tensor": 0.0107, "optimized+quantized": 0.0200}
     cosines = {"quantized": 0.995, "quantized per tensor": 0.996, "optimized+quantized": 0.999}
     assert choose_int8(tied, cosines) == "quantized per tensor"
-    assert choose_int8({**tied, "quantized per tensor": 0.0106}, cosines) == "quantized"
+    assert choose_int8({**tied, "quantized per tensor": 0.0111}, cosines) == "quantized"
     # None meets it: the most accurate, whatever its speed (the export then reports the miss).
     assert choose_int8(seconds, {"quantized": 0.97, "quantized per tensor": 0.985, "optimized+quantized": 0.98}) == (
         "quantized per tensor"
