@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from contract.manifest import MODEL_FILES, Manifest
@@ -39,23 +37,6 @@ SIDE_BY_SIDE_MAX_TOKENS = 32  # texts truncated to at most this run one batch pe
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
-    """(N, N): the cosine similarity of every pair of rows of (N, D)."""
-    unit = F.normalize(rows, dim=-1)
-    return unit @ unit.T
-
-
-def similarity_matching_loss(student: torch.Tensor, teacher_cosines: torch.Tensor) -> torch.Tensor:
-    """MSE between the cosine-similarity matrix of the student's rows, (N, C), and the teacher's,
-    cosine_matrix of its (N, D) rows: computed once per batch for the full length and every prefix."""
-    return F.mse_loss(cosine_matrix(student), teacher_cosines)
-
-
-def projection_loss(projected: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """1 - cosine between the student's rows mapped to the teacher's width and the teacher's. (N, D) each."""
-    return (1 - F.cosine_similarity(projected, teacher, dim=-1)).mean()
 
 
 def cache_key(teacher_dir: Path, texts: Sequence[str], max_tokens: int, precision: str, dtype: str) -> str:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
@@ -29,14 +28,7 @@ from contract.manifest import MANIFEST_FILE, Manifest
 from model.checkpoint import encode_texts, save_checkpoint
 from model.data import DEFAULT_WORDNET_DIR, WordNetNotFound, read_wordnet, split_synsets, training_side
 from model.data import synset_distinct_batches as make_batches
-from model.distill import (
-    cosine_matrix,
-    projection_loss,
-    similarity_matching_loss,
-    teacher_embeddings,
-    teacher_token_init,
-    token_strings,
-)
+from model.distill import teacher_embeddings, teacher_token_init, token_strings
 from model.evaluate import (
     Outside,
     embed,
@@ -47,6 +39,14 @@ from model.evaluate import (
     model_scores,
     model_size,
     pad_batch,
+)
+from model.losses import (
+    cosine_matrix,
+    info_nce,
+    matryoshka_loss,
+    prefix_ranking_loss,
+    projection_loss,
+    similarity_matching_loss,
 )
 from model.tokenizer import pad_id, train_tokenizer
 from model.transformer import Encoder, EncoderConfig
@@ -155,14 +155,6 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Symmetric InfoNCE: row i of a matches row i of b; all other rows are negatives. a, b: (B, C)."""
-    a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
-    logits = a @ b.T / temperature  # (B, B)
-    target = torch.arange(a.size(0))
-    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-
-
 def set_variance_rotation(model: Encoder, rows: Sequence[Sequence[int]], pad: int) -> None:
     """Turns the output's axes to the principal axes of these rows' normalised embeddings, by variance."""
     rotation = model.rotation
@@ -174,28 +166,37 @@ def set_variance_rotation(model: Encoder, rows: Sequence[Sequence[int]], pad: in
         rotation.copy_(torch.from_numpy(vt.T.copy()))  # pooled (B, C) @ (C, C): component k on axis k
 
 
-def matryoshka_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], temperature: float) -> torch.Tensor:
-    """InfoNCE on each nested prefix of the embeddings (Matryoshka representation learning): the first
-    d components must rank the pairs on their own. a, b: (B, C); dims all < C. Zero when dims is empty."""
-    losses = [info_nce(a[:, :d], b[:, :d], temperature) for d in dims]  # each on (B, d)
-    return torch.stack(losses).sum() if losses else a.new_zeros(())
-
-
-def prefix_ranking_loss(a: torch.Tensor, b: torch.Tensor, dims: Sequence[int], temperature: float) -> torch.Tensor:
-    """Each prefix's in-batch ranking pulled towards the full length's (held fixed): KL divergence between
-    the softmax over a row's candidates at full length and at the first d components, both directions.
-    a, b: (B, C); zero when dims is empty."""
-    a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
-    full = (a @ b.T / temperature).detach()  # (B, B)
-    losses = []
-    for d in dims:
-        ad, bd = F.normalize(a[:, :d], dim=-1), F.normalize(b[:, :d], dim=-1)
-        short = ad @ bd.T / temperature  # (B, B)
-        for target, logits in ((full, short), (full.T, short.T)):
-            losses.append(
-                F.kl_div(F.log_softmax(logits, -1), F.log_softmax(target, -1), reduction="batchmean", log_target=True)
-            )
-    return torch.stack(losses).sum() / 2 if losses else a.new_zeros(())
+def step_loss(
+    config: TrainConfig,
+    a: torch.Tensor,
+    p: torch.Tensor,
+    targets: torch.Tensor | None = None,
+    head: torch.nn.Linear | None = None,
+) -> torch.Tensor:
+    """One step's objective, weighted by the config, on the embeddings of the anchors and of their positives
+    (a, p: (B, C)): InfoNCE at full length, on each prefix and the prefixes' rankings; with a teacher (targets:
+    its rows of the anchors then the positives, (2B, D)), its similarity structure or, through head, its
+    coordinates."""
+    prefix_dims = config.matryoshka_dims if config.prefix_weight else ()  # evaluated either way
+    loss = info_nce(a.float(), p.float(), config.temperature)
+    prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
+    loss = loss + config.prefix_weight * prefixes
+    if config.prefix_ranking_weight:
+        dims = config.matryoshka_dims if config.prefix_ranking_dims is None else config.prefix_ranking_dims
+        ranking = prefix_ranking_loss(a.float(), p.float(), dims, config.temperature)
+        loss = loss + config.prefix_ranking_weight * ranking
+    if targets is None:
+        return loss
+    student = torch.cat([a, p]).float()  # (2B, C)
+    if head is not None:
+        return loss + config.distill_weight * projection_loss(head(student), targets)
+    target_cosines = cosine_matrix(targets)  # (2B, 2B), the same for every prefix
+    loss = loss + config.distill_weight * similarity_matching_loss(student, target_cosines)
+    if config.matryoshka_distill:
+        for d in prefix_dims:
+            matched = similarity_matching_loss(student[:, :d], target_cosines)
+            loss = loss + config.distill_weight * config.prefix_weight * matched
+    return loss
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -279,7 +280,6 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     batches: list[list[int]] = []
     losses: list[float] = []
     model.train()
-    prefix_dims = config.matryoshka_dims if config.prefix_weight else ()  # evaluated either way
     bar = tqdm(range(config.train_steps), desc="train", disable=not config.progress, unit="step", mininterval=1.0)
     for step in bar:
         if not batches:  # a new epoch: reshuffle into synset-distinct batches
@@ -294,26 +294,11 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         # Mixed precision: weights, optimizer state and the loss stay fp32; matmuls run in bf16.
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a, p = model(a_ids, a_mask), model(p_ids, p_mask)
-        loss = info_nce(a.float(), p.float(), config.temperature)
-        prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
-        loss = loss + config.prefix_weight * prefixes
-        if config.prefix_ranking_weight:
-            dims = config.matryoshka_dims if config.prefix_ranking_dims is None else config.prefix_ranking_dims
-            ranking = prefix_ranking_loss(a.float(), p.float(), dims, config.temperature)
-            loss = loss + config.prefix_ranking_weight * ranking
+        targets = None
         if teacher is not None:
             rows = teacher_rows[batch]  # (B, 2): the teacher's rows of each anchor and positive
             targets = teacher[torch.cat([rows[:, 0], rows[:, 1]])]  # (2B, D)
-            student = torch.cat([a, p]).float()  # (2B, C)
-            if head is not None:
-                loss = loss + config.distill_weight * projection_loss(head(student), targets)
-            else:
-                target_cosines = cosine_matrix(targets)  # (2B, 2B), the same for every prefix
-                loss = loss + config.distill_weight * similarity_matching_loss(student, target_cosines)
-                if config.matryoshka_distill:
-                    for d in prefix_dims:
-                        matched = similarity_matching_loss(student[:, :d], target_cosines)
-                        loss = loss + config.distill_weight * config.prefix_weight * matched
+        loss = step_loss(config, a, p, targets, head)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
