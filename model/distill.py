@@ -8,9 +8,9 @@ int8 build is used: it is twice as fast as fp32 on a CPU (814 against 414 texts/
 The student also starts from the teacher: each token of its vocabulary, embedded alone by the teacher and
 reduced by PCA to the student's width, is its first token-embedding row (teacher_token_init).
 
-The loss matches similarity structure, not coordinates: the student's cosine-similarity matrix over the
-batch's anchors and positives is pulled towards the teacher's (mean squared error). It needs no projection
-between the two widths and adds nothing to the exported model.
+The loss (similarity_matching_loss in model/losses.py) matches similarity structure, not coordinates: the
+student's cosine-similarity matrix over the batch's anchors and positives is pulled towards the teacher's
+(mean squared error). It needs no projection between the two widths and adds nothing to the exported model.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def step_loss(
     (a, p: (B, C)): InfoNCE at full length, on each prefix and the prefixes' rankings; with a teacher (targets:
     its rows of the anchors then the positives, (2B, D)), its similarity structure or, through head, its
     coordinates."""
-    prefix_dims = config.matryoshka_dims if config.prefix_weight else ()  # evaluated either way
+    prefix_dims = config.matryoshka_dims if config.prefix_weight else ()  # at weight 0 only evaluated, not trained
     loss = info_nce(a.float(), p.float(), config.temperature)
     prefixes = matryoshka_loss(a.float(), p.float(), prefix_dims, config.temperature)
     loss = loss + config.prefix_weight * prefixes
