@@ -127,7 +127,7 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
             "server_batch8": sweep(server.target, plan.batch8_levels, per_request=8, watch_pid=pid),
             "protocols": {
                 "loads": measure.compare_protocols(
-                    server, w.manifest.dim, texts_file, duration / 2, PROTOCOL_ROUNDS, plan.protocol_loads
+                    server, w.manifest.dim, texts_file, duration / 2, PROTOCOL_ROUNDS, plan.protocol_loads, pid
                 ),
                 "raw": measure.raw_rates(runtime, rows, plan.protocol_loads, policy),
             },

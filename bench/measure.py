@@ -277,21 +277,24 @@ def server_limits(http_url: str) -> dict[str, int]:
 
 
 def compare_protocols(server: LocalServer, dim: int, texts_file: Path, seconds: float, rounds: int,
-                      loads: Sequence[tuple[int, int]]) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
+                      loads: Sequence[tuple[int, int]],
+                      server_pid: int | None = None) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
     """Each load (texts per request, clients) over gRPC, over HTTP and on the HTTP transport ceiling (a minimal
     app on the same stack answering a fixed vector), all from the same load generator; rounds interleaved, so
     that the machine's drift hits every target alike, and every other round in reverse order, so that a drift
     within a round does not always fall on the target read last. Readings by load ("1x32"), then target, one
-    per round, each with its round and its place in that round's order."""
+    per round, each with its round and its place in that round's order; with the server's pid, each also with
+    the CPU a request cost the serving process's threads (the ceiling's always)."""
     results: dict[str, dict[str, list[Reading]]] = {}
     with transport_server(dim, "http") as ceiling:
         targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.target}
+        pids = {"grpc": server_pid, "http": server_pid, "http ceiling": ceiling.process.pid}
         for round_ in range(rounds):
             order = list(targets.items())[:: -1 if round_ % 2 else 1]
             for per_request, clients in loads:
                 for place, (name, target) in enumerate(order):
                     protocol = "grpc" if name == "grpc" else "http"
-                    reading = load(target, clients, texts_file, seconds, per_request, protocol)
+                    reading = load(target, clients, texts_file, seconds, per_request, protocol, pids[name])
                     reading |= {"round": round_, "place": place}
                     results.setdefault(f"{per_request}x{clients}", {}).setdefault(name, []).append(reading)
     return results

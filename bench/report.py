@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -185,6 +186,26 @@ def protocols_table(p: dict[str, Any]) -> str:
     return table(header, rows)
 
 
+PROTOCOL_TARGETS = {"grpc": "gRPC", "http": "HTTP", "http ceiling": "HTTP transport ceiling"}
+CPU_FIELDS = (("server_main_thread_cpu_us", 0), ("server_other_threads_cpu_us", 0), ("loadgen_cpu_us", 0),
+              ("server_cores", 2))  # fmt: skip
+
+
+def protocols_cpu_table(p: dict[str, Any]) -> str:
+    """Per load and target, medians over the rounds of texts/s and of the CPU a request cost the serving
+    process's event-loop thread, its other threads and the load generator, and the serving cores kept busy."""
+    rows = []
+    for key, by in p["loads"].items():
+        for name, label in PROTOCOL_TARGETS.items():
+            runs = by[name]
+            medians = [statistics.median(x.get(field, math.nan) for x in runs) for field, _ in CPU_FIELDS]
+            rows.append([f"{key.split('x')[0]} text(s) x {key.split('x')[1]} clients", label,
+                         f"{statistics.median(x['texts_per_second'] for x in runs):.0f}",
+                         *(f"{m:.{d}f}" for m, (_, d) in zip(medians, CPU_FIELDS, strict=True))])  # fmt: skip
+    header = ["load", "target", "texts/s", "event-loop thread", "other threads", "load generator", "server cores busy"]
+    return table(header, rows, 2)
+
+
 def gpu_of(machine: dict[str, Any]) -> str:
     """ "; GPU <name> (driver <version>)" where a CUDA run recorded its GPU, else nothing."""
     return f"; GPU {machine['gpu']}" if machine.get("gpu") else ""
@@ -307,6 +328,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
                             "server cores busy"], rows_cpu, 2),
         "errors": str(sum(x["errors"] for x in sweeps)),
         "protocols_table": protocols_table(r["protocols"]), "minilm_protocols_table": protocols_table(m["protocols"]),
+        "protocols_cpu_table": protocols_cpu_table(r["protocols"]),
         "mflop_per_text": f"{ceiling['flops_per_text'] / 1e6:.2f}",
         "flops_table": table(["", "GFLOP/s", "of the CPU's matmul peak" + (" (the GPU computes here)" if on_cuda(r) else "")], [
             [f"measured fp32 matmul peak (torch, 2048^2, {r['machine']['cores']} threads)", f"{peak / 1e9:.1f}", "100%"],

@@ -263,14 +263,36 @@ def test_the_protocol_comparison_reads_every_target_in_every_round(served: Serve
     texts = tmp_path / "texts.json"
     texts.write_text(json.dumps(["a short text", "another somewhat longer text about rivers and lungs"]))
     server = SimpleNamespace(target=served.target, http=f"http://127.0.0.1:{served.server.http_port}")
-    loads = compare_protocols(server, 8, texts, 0.3, 2, [(2, 3)])  # type: ignore[arg-type]
+    # The server runs in this process: its threads are this process's.
+    loads = compare_protocols(server, 8, texts, 0.3, 2, [(2, 3)], os.getpid())  # type: ignore[arg-type]
     assert set(loads) == {"2x3"} and set(loads["2x3"]) == {"grpc", "http", "http ceiling"}
     for name, runs in loads["2x3"].items():
         assert len(runs) == 2 and all(r["requests"] > 0 and r["errors"] == 0 for r in runs), name
         assert all(r["texts_per_request"] == 2 and r["concurrency"] == 3 for r in runs)
+        # Each reading says what a request cost the process that answered it: the server's (here this process,
+        # whose main thread only waits), or the ceiling's, whose main thread is its event loop.
+        assert all(r["server_cores"] > 0 for r in runs), name
+    assert all(r["server_main_thread_cpu_us"] > 0 for r in loads["2x3"]["http ceiling"])
     # The second round reads the targets in reverse: a drift within a round does not always hit the last one.
     places = {name: [r["place"] for r in runs] for name, runs in loads["2x3"].items()}
     assert places == {"grpc": [0, 2], "http": [1, 1], "http ceiling": [2, 0]}
+
+
+def test_the_protocol_comparisons_cpu_table_gives_each_targets_medians_over_the_rounds() -> None:
+    from bench.report import protocols_cpu_table
+
+    def costs(loop: float, other: float, loadgen: float, cores: float) -> dict[str, float]:
+        return {"server_main_thread_cpu_us": loop, "server_other_threads_cpu_us": other, "loadgen_cpu_us": loadgen,
+                "server_cores": cores}  # fmt: skip
+
+    grpc = [r | costs(*c) for r, c in zip(readings(900, 1000, 1600), [(500, 600, 200, 1.5), (540, 640, 190, 1.6),
+                                                                      (480, 700, 180, 1.7)], strict=True)]  # fmt: skip
+    http = [r | costs(300, 450, 50, 1.6) for r in readings(2000, 2400, 2100)]
+    ceiling = [r | costs(30, 0, 40, 1.0) for r in readings(30000, 31000, 29000)]
+    table = protocols_cpu_table({"loads": {"1x32": {"grpc": grpc, "http": http, "http ceiling": ceiling}}})
+    assert "| 1 text(s) x 32 clients | gRPC | 1000 | 500 | 640 | 190 | 1.60 |" in table
+    assert "| 1 text(s) x 32 clients | HTTP | 2100 | 300 | 450 | 50 | 1.60 |" in table
+    assert "| 1 text(s) x 32 clients | HTTP transport ceiling | 30000 | 30 | 0 | 40 | 1.00 |" in table
 
 
 def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None:
