@@ -175,10 +175,16 @@ def workers_table(w: dict[str, Any]) -> str:
     return table(header, rows)
 
 
+def load_label(key: str) -> str:
+    """A protocol load's key ("1x32") as the tables name it."""
+    per_request, clients = key.split("x")
+    return f"{per_request} text(s) x {clients} clients"
+
+
 def protocols_table(p: dict[str, Any]) -> str:
     header = ["load", "gRPC texts/s", "HTTP texts/s", "HTTP / gRPC (rounds)", "HTTP ceiling requests/s", "L texts/s",
               "HTTP / L", "p50 ms gRPC / HTTP"]  # fmt: skip
-    rows = [[f"{key.split('x')[0]} text(s) x {key.split('x')[1]} clients", f"{m['grpc texts_per_second']:.0f}",
+    rows = [[load_label(key), f"{m['grpc texts_per_second']:.0f}",
              f"{m['http texts_per_second']:.0f}",
              f"{m['http / grpc']:.2f}x ({m['http / grpc lowest']:.2f}-{m['http / grpc highest']:.2f})",
              f"{m['http ceiling requests_per_second']:.0f}", f"{m['L']:.0f}", f"{m['http / L']:.2f}",
@@ -199,7 +205,7 @@ def protocols_cpu_table(p: dict[str, Any]) -> str:
         for name, label in PROTOCOL_TARGETS.items():
             runs = by[name]
             medians = [statistics.median(x.get(field, math.nan) for x in runs) for field, _ in CPU_FIELDS]
-            rows.append([f"{key.split('x')[0]} text(s) x {key.split('x')[1]} clients", label,
+            rows.append([load_label(key), label,
                          f"{statistics.median(x['texts_per_second'] for x in runs):.0f}",
                          *(f"{m:.{d}f}" for m, (_, d) in zip(medians, CPU_FIELDS, strict=True))])  # fmt: skip
     header = ["load", "target", "texts/s", "event-loop thread", "other threads", "load generator", "server cores busy"]
