@@ -278,13 +278,13 @@ def server_limits(http_url: str) -> dict[str, int]:
 
 def compare_protocols(server: LocalServer, dim: int, texts_file: Path, seconds: float, rounds: int,
                       loads: Sequence[tuple[int, int]],
-                      server_pid: int | None = None) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
+                      server_pid: int) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
     """Each load (texts per request, clients) over gRPC, over HTTP and on the HTTP transport ceiling (a minimal
     app on the same stack answering a fixed vector), all from the same load generator; rounds interleaved, so
     that the machine's drift hits every target alike, and every other round in reverse order, so that a drift
     within a round does not always fall on the target read last. Readings by load ("1x32"), then target, one
-    per round, each with its round and its place in that round's order; with the server's pid, each also with
-    the CPU a request cost the serving process's threads (the ceiling's always)."""
+    per round, each with its round, its place in that round's order and the CPU a request cost the threads of
+    the process that answered it (server_pid's, or the ceiling's)."""
     results: dict[str, dict[str, list[Reading]]] = {}
     with transport_server(dim, "http") as ceiling:
         targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.target}

@@ -193,23 +193,24 @@ def protocols_table(p: dict[str, Any]) -> str:
 
 
 PROTOCOL_TARGETS = {"grpc": "gRPC", "http": "HTTP", "http ceiling": "HTTP transport ceiling"}
-CPU_FIELDS = (("server_main_thread_cpu_us", 0), ("server_other_threads_cpu_us", 0), ("loadgen_cpu_us", 0),
-              ("server_cores", 2))  # fmt: skip
+# What the load generator read of the serving process's threads and its own (bench/loadgen.py), and the
+# decimals each is shown with.
+CPU_FIELDS = {"texts_per_second": 0, "server_main_thread_cpu_us": 0, "server_other_threads_cpu_us": 0,
+              "loadgen_cpu_us": 0, "server_cores": 2}  # fmt: skip
+CPU_COLUMNS = ["texts/s", "event-loop thread", "other threads", "load generator", "server cores busy"]
+
+
+def cpu_figures(runs: list[Reading]) -> list[str]:
+    """Each of CPU_FIELDS, the median over the readings (NaN where the serving process was not watched)."""
+    return [f"{statistics.median(x.get(k, math.nan) for x in runs):.{d}f}" for k, d in CPU_FIELDS.items()]
 
 
 def protocols_cpu_table(p: dict[str, Any]) -> str:
     """Per load and target, medians over the rounds of texts/s and of the CPU a request cost the serving
     process's event-loop thread, its other threads and the load generator, and the serving cores kept busy."""
-    rows = []
-    for key, by in p["loads"].items():
-        for name, label in PROTOCOL_TARGETS.items():
-            runs = by[name]
-            medians = [statistics.median(x.get(field, math.nan) for x in runs) for field, _ in CPU_FIELDS]
-            rows.append([load_label(key), label,
-                         f"{statistics.median(x['texts_per_second'] for x in runs):.0f}",
-                         *(f"{m:.{d}f}" for m, (_, d) in zip(medians, CPU_FIELDS, strict=True))])  # fmt: skip
-    header = ["load", "target", "texts/s", "event-loop thread", "other threads", "load generator", "server cores busy"]
-    return table(header, rows, 2)
+    rows = [[load_label(key), label, *cpu_figures(by[name])]
+            for key, by in p["loads"].items() for name, label in PROTOCOL_TARGETS.items()]  # fmt: skip
+    return table(["load", "target", *CPU_COLUMNS], rows, 2)
 
 
 def gpu_of(machine: dict[str, Any]) -> str:
@@ -301,13 +302,8 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     """The placeholders of bench/benchmarks.md.tmpl that are not a field of the results: tables and ratios;
     all-MiniLM-L6-v2's with the prefix m_."""
     ceiling, raw = r["ceiling"], r["ceiling"]["texts_per_second"]
-    rows_cpu = []
-    for label, kind, server, level in TARGET_LOADS:
-        for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", r[server])):
-            x = at(sweep, level)
-            rows_cpu.append([label, name, f"{x['texts_per_second']:.0f}"] + [
-                f"{x.get(k, float('nan')):.{d}f}" for k, d in (("server_main_thread_cpu_us", 0),
-                ("server_other_threads_cpu_us", 0), ("loadgen_cpu_us", 0), ("server_cores", 2))])  # fmt: skip
+    rows_cpu = [[label, name, *cpu_figures([at(sweep, level)])] for label, kind, server, level in TARGET_LOADS
+                for name, sweep in (("transport ceiling", r["transport"][kind]), ("server", r[server]))]  # fmt: skip
     w, m = r["workers"], r["minilm"]
     sweeps = r["server"] + r["no_batching"] + r["server_batch8"] + r["transport"]["single"] + r["transport"]["batch8"]
     sweeps += [w[k][load] for k in ("1", str(w["n"])) for load in ("single", "batch8")]
@@ -330,8 +326,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
                                "server texts/s", "server / L"],
                               [[key, f"{x['transport']:.0f}", f"{raw:.0f}", f"{x['limit']:.0f}", f"{x['server']:.0f}",
                                 f"{x['fraction']:.2f}"] for key, x in limits(r).items()]),
-        "cpu_table": table(["load", "process", "texts/s", "event-loop thread", "other threads", "load generator",
-                            "server cores busy"], rows_cpu, 2),
+        "cpu_table": table(["load", "process", *CPU_COLUMNS], rows_cpu, 2),
         "errors": str(sum(x["errors"] for x in sweeps)),
         "protocols_table": protocols_table(r["protocols"]), "minilm_protocols_table": protocols_table(m["protocols"]),
         "protocols_cpu_table": protocols_cpu_table(r["protocols"]),
