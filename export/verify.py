@@ -145,11 +145,13 @@ def cpu_session(path: Path | str) -> ort.InferenceSession:
     """An ONNX Runtime CPU session whose threads sleep between runs, as the server's do by default. The export
     runs several sessions in turn on the same cores (the checks, the int8 builds' timing): threads busy-waiting
     after one session's run take the cores of the next, and would time each int8 build with its neighbours'
-    spinning (docs/decisions/0012)."""
+    spinning (docs/decisions/0012). Denormals are flushed to zero, as the server's sessions flush them
+    (docs/decisions/0003), so the builds are checked and timed as they will be served."""
     options = ort.SessionOptions()  # graph optimisations: all, ONNX Runtime's default
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.add_session_config_entry("session.set_denormal_as_zero", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

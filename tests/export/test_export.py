@@ -166,14 +166,16 @@ def test_int8_keeps_the_fastest_build_that_is_accurate_enough() -> None:
     )
 
 
-def test_the_exports_sessions_sleep_between_runs(tiny_artifacts: Path) -> None:
+def test_the_exports_sessions_sleep_between_runs_and_flush_denormals_as_served(tiny_artifacts: Path) -> None:
     # The checks and the int8 builds' timing run sessions in turn on the same cores: a session whose threads
-    # busy-wait after its run would be timed into the next build's turn.
+    # busy-wait after its run would be timed into the next build's turn. The server flushes denormals
+    # (decisions/0003): a build timed without it is timed under other arithmetic than it is served with.
     from export.verify import cpu_session
 
     options = cpu_session(tiny_artifacts / "model.onnx").get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
 
 
 def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Path) -> None:
