@@ -14,6 +14,7 @@ from model.transformer import Encoder
 OPSET = 18
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "embeddings"
+STACK_TRACE = "pkg.torch.onnx.stack_trace"  # node metadata the dynamo exporter writes
 
 
 def export_onnx(model: Encoder, path: Path | str, opset: int = OPSET) -> Path:
@@ -40,6 +41,14 @@ def export_onnx(model: Encoder, path: Path | str, opset: int = OPSET) -> Path:
             verbose=False,
         )
     assert program is not None
+    # Each node's stack trace names the source file by its absolute path: the served model would carry the
+    # builder's directory, and two clones of one commit would build different bytes. The rest of the node
+    # metadata (module names and scopes, which profilers show) does not depend on where the code lives.
+    for node in program.model.graph.all_nodes():
+        node.metadata_props.pop(STACK_TRACE, None)
+    for function in program.model.functions.values():
+        for node in function.all_nodes():
+            node.metadata_props.pop(STACK_TRACE, None)
     program.save(str(path))
     onnx_model = onnx.load(str(path))
     onnx.checker.check_model(onnx_model, full_check=True)

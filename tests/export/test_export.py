@@ -56,6 +56,20 @@ def test_the_model_version_names_the_weights_not_the_build(tiny_artifacts: Path)
     assert weights_digest(other_config) != weights_digest(model)
 
 
+def test_the_onnx_builds_do_not_carry_where_the_code_was_built(tiny_artifacts: Path) -> None:
+    # The exporter records each node's stack trace with absolute source paths: the served files would name
+    # the builder's directory, and the same commit cloned elsewhere would build other bytes.
+    import model.transformer
+
+    source_dir = str(Path(model.transformer.__file__).resolve().parents[1]).encode()
+    for name in ("model.onnx", "model.int8.onnx", "model.fp16.onnx"):
+        assert source_dir not in (tiny_artifacts / name).read_bytes(), name
+        graph = onnx.load(str(tiny_artifacts / name)).graph
+        keys = {prop.key for node in graph.node for prop in node.metadata_props}
+        assert "pkg.torch.onnx.stack_trace" not in keys, name
+        assert "pkg.torch.onnx.name_scopes" in keys, name  # the metadata that does not depend on the path stays
+
+
 def test_onnx_graph_has_dynamic_batch_and_sequence_axes(tiny_artifacts: Path) -> None:
     graph = onnx.load(str(tiny_artifacts / "model.onnx")).graph
     for value in graph.input:
