@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from pathlib import Path
@@ -44,11 +45,9 @@ def export_onnx(model: Encoder, path: Path | str, opset: int = OPSET) -> Path:
     # Each node's stack trace names the source file by its absolute path: the served model would carry the
     # builder's directory, and two clones of one commit would build different bytes. The rest of the node
     # metadata (module names and scopes, which profilers show) does not depend on where the code lives.
-    for node in program.model.graph.all_nodes():
+    functions = program.model.functions.values()
+    for node in itertools.chain(program.model.graph.all_nodes(), *(f.all_nodes() for f in functions)):
         node.metadata_props.pop(STACK_TRACE, None)
-    for function in program.model.functions.values():
-        for node in function.all_nodes():
-            node.metadata_props.pop(STACK_TRACE, None)
     program.save(str(path))
     onnx_model = onnx.load(str(path))
     onnx.checker.check_model(onnx_model, full_check=True)
