@@ -287,14 +287,17 @@ def compare_protocols(server: LocalServer, dim: int, texts_file: Path, seconds: 
     the process that answered it (server_pid's, or the ceiling's)."""
     results: dict[str, dict[str, list[Reading]]] = {}
     with transport_server(dim, "http") as ceiling:
-        targets = {"grpc": server.target, "http": server.http.removeprefix("http://"), "http ceiling": ceiling.target}
-        pids = {"grpc": server_pid, "http": server_pid, "http ceiling": ceiling.process.pid}
+        targets = {  # each with the process that answers it
+            "grpc": (server.target, server_pid),
+            "http": (server.http.removeprefix("http://"), server_pid),
+            "http ceiling": (ceiling.target, ceiling.process.pid),
+        }
         for round_ in range(rounds):
             order = list(targets.items())[:: -1 if round_ % 2 else 1]
             for per_request, clients in loads:
-                for place, (name, target) in enumerate(order):
+                for place, (name, (target, pid)) in enumerate(order):
                     protocol = "grpc" if name == "grpc" else "http"
-                    reading = load(target, clients, texts_file, seconds, per_request, protocol, pids[name])
+                    reading = load(target, clients, texts_file, seconds, per_request, protocol, pid)
                     reading |= {"round": round_, "place": place}
                     results.setdefault(f"{per_request}x{clients}", {}).setdefault(name, []).append(reading)
     return results
