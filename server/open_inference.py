@@ -247,7 +247,7 @@ class OpenInferenceService(RpcAccounting):
         if len(tensors) != len(inputs):
             raise InvalidInput("an input name appears twice")
         deadline = deadline_of(context)
-        client = context.peer()
+        client = call.client
         request_id = request.id
         if set(tensors) == {TEXT_INPUT}:
             texts = decode_text(*tensors[TEXT_INPUT])

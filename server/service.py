@@ -213,10 +213,15 @@ def describe(info: ModelInfo, message: Any) -> None:
 
 @dataclass
 class Call:
-    """What an RPC's accounting records: the status code it ended with and the model it used."""
+    """What an RPC's accounting records: the status code it ended with and the model it used, and the
+    connection it came on."""
 
     code: grpc.StatusCode = grpc.StatusCode.OK
     model: str = ""  # "" until the request named a model that exists
+    # The client's address (context.peer()), read once when the RPC starts: peer() calls into gRPC's core on
+    # the call without checking that the RPC still runs, and a stream's requests run on tasks of their own
+    # that can start after the client cancelled it (a server died there with SIGSEGV: docs/reliability.md).
+    client: str = ""
 
 
 class RpcAccounting:
@@ -301,7 +306,8 @@ class RpcAccounting:
         with self._observe(method, context) as call:
             received: Received | None = None
             try:
-                place = self.admission.enter(context.peer())
+                call.client = context.peer()  # before the first await: the RPC is still running
+                place = self.admission.enter(call.client)
                 read = await context.read()
                 if read is grpc.aio.EOF:
                     place.release()
@@ -355,7 +361,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         deadline = deadline_of(context)
         normalize = request.normalize if request.HasField("normalize") else True
         dimensions = request.dimensions if request.HasField("dimensions") else None
-        client = context.peer()
+        client = call.client
         # The message's own sequence, not a list copy: with truncation on, only cut prefixes are kept.
         tokenized = await model.pipeline.tokenize(request.inputs, request.truncate, client)
         del request  # only the token rows wait for the batch: the body's memory and places go now
@@ -375,6 +381,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         self, request_iterator: AsyncIterator[Received], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[embedding_pb2.EmbedResponse]:
         """Requests are computed concurrently (up to STREAM_WINDOW) and answered in order."""
+        client = context.peer()  # before the first await: the RPC is still running (Call.client)
         if self._open_streams >= self._max_streams:
             self.metrics.rejected("overloaded")
             self.metrics.requests.labels("grpc", "EmbedStream", grpc.StatusCode.RESOURCE_EXHAUSTED.name, "").inc()
@@ -388,6 +395,7 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
 
         async def one(received: Received) -> embedding_pb2.EmbedResponse:
             with self._observe("EmbedStream", context) as call:
+                call.client = client
                 try:
                     return await self._embed(received, context, call)
                 except Exception as e:

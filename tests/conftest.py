@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.app import EmbeddingServer, create_server
 from server.config import ServerConfig
+from server.service import Received
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -227,6 +228,37 @@ def reference(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
         return runtime.run_rows([row])[0]
 
     return embed_alone
+
+
+class PeerAtStartOnly:
+    """A servicer context whose peer() answers only until the handler first reads from the RPC. From then
+    on the RPC may end at any moment (a cancelled stream's requests still run on tasks of their own), and
+    gRPC's peer() calls into its core on the call: a worker running such a task died in it with SIGSEGV."""
+
+    def __init__(self, *messages: object) -> None:
+        self.messages = [Received(m) for m in messages]
+        self.read_from = False
+
+    def peer(self) -> str:
+        assert not self.read_from, "peer() read after the handler awaited the RPC"
+        return "ipv4:127.0.0.1:40000"
+
+    async def read(self) -> Received | object:
+        self.read_from = True
+        return self.messages.pop(0) if self.messages else grpc.aio.EOF
+
+    async def stream(self) -> AsyncIterator[Received]:
+        while (message := await self.read()) is not grpc.aio.EOF:
+            yield message  # type: ignore[misc]
+
+    def time_remaining(self) -> None:
+        return None
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: object = ()) -> None:
+        raise AssertionError(f"{code.name}: {details}")
 
 
 def request(*texts: str, truncate: bool = False, normalize: bool | None = None) -> embedding_pb2.EmbedRequest:

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from server.open_inference import SERVICE_NAME, pb
 from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
 from server.tokenize import TextTokenizer
-from tests.conftest import SENTENCES, ServerThread, counter, request
+from tests.conftest import SENTENCES, PeerAtStartOnly, ServerThread, counter, request
 
 MODEL = "wordnet-encoder"  # the tiny model's manifest model_id: its served name
 
@@ -126,6 +126,14 @@ def test_bytes_contents_equal_raw_contents(served: ServerThread, client) -> None
     got = np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(list(response.outputs[0].shape))
     want = client.infer(MODEL, [text_input(["a dog", "caf\u00e9 au lait"])]).as_numpy("embeddings")
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_infer_reads_the_client_address_once_when_the_call_starts(served: ServerThread) -> None:
+    message = pb.ModelInferRequest(model_name=MODEL)
+    message.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"a dog")
+    context = PeerAtStartOnly(message)
+    response = served.call(served.server.inference.ModelInfer(context.stream(), context))
+    assert list(response.outputs[0].shape) == [1, 32]
 
 
 def _text(shape: list[int], datatype: str = "BYTES", raw: bytes = b"\x05\x00\x00\x00a dog"):  # type: ignore[no-untyped-def]

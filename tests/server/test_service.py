@@ -16,12 +16,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embedding.v1 import embedding_pb2
 from server.client import AsyncEmbeddingClient, EmbeddingClient
-from server.service import embeddings_message
+from server.service import STREAM_WINDOW, embeddings_message
 from server.tokenize import TextTokenizer
 from tests.conftest import (
     GENERATED_ID,
     SENTENCES,
     GatedBackend,
+    PeerAtStartOnly,
     ServerThread,
     counter,
     eventually,
@@ -173,6 +174,21 @@ def test_stream_error_ends_the_stream_naming_the_request(served: ServerThread) -
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "stream request 2" in error.value.details()
     assert len(got) == 2
+
+
+def test_the_client_address_is_read_once_when_the_call_starts_never_from_a_request_running_later(
+    served: ServerThread,
+) -> None:
+    service = served.server.service
+    context = PeerAtStartOnly(request("a dog"))
+    assert len(served.call(service.Embed(context.stream(), context)).embeddings) == 1  # type: ignore[arg-type]
+
+    async def streamed(context: PeerAtStartOnly) -> list[embedding_pb2.EmbedResponse]:
+        return [r async for r in service.EmbedStream(context.stream(), context)]  # type: ignore[arg-type]
+
+    context = PeerAtStartOnly(*(request(f"text {i}") for i in range(3 * STREAM_WINDOW)))
+    responses = served.call(streamed(context))
+    assert [len(r.embeddings) for r in responses] == [1] * (3 * STREAM_WINDOW)
 
 
 def request_id(error: grpc.RpcError) -> str:
