@@ -304,13 +304,13 @@ class RpcAccounting:
         full; the work releases the tickets once it no longer needs the body.
         """
         with self._observe(method, context) as call:
+            place: Ticket | None = None
             received: Received | None = None
             try:
                 call.client = context.peer()  # before the first await: the RPC is still running
                 place = self.admission.enter(call.client)
                 read = await context.read()
                 if read is grpc.aio.EOF:
-                    place.release()
                     raise InvalidInput("the call carried no request message")
                 received = read
                 received.tickets.append(place)
@@ -319,8 +319,12 @@ class RpcAccounting:
                 error = self._failed(e, method, call)
                 await self._refuse(context, method, call.code, str(error))
             finally:
+                # Also when the client leaves while its message is awaited (CancelledError): a ticket left
+                # to the garbage collector may be held for minutes inside a reference cycle.
                 if received is not None:
                     received.release()
+                elif place is not None:
+                    place.release()
 
     def _failed(self, error: Exception, method: str, call: Call) -> EmbedError:
         """Any failure as the client gets it: records its status code and refusal reason."""
@@ -406,7 +410,11 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await window.acquire()
+                    try:
+                        await window.acquire()
+                    except BaseException:  # the stream ends while this request waits for room: its body goes
+                        request.release()
+                        raise
                     pending.put_nowait(asyncio.create_task(one(request)))
             finally:
                 pending.put_nowait(None)

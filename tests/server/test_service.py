@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from collections import Counter
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embedding.v1 import embedding_pb2
+from server.admission import Ticket
 from server.client import AsyncEmbeddingClient, EmbeddingClient
 from server.service import STREAM_WINDOW, embeddings_message
 from server.tokenize import TextTokenizer
@@ -189,6 +191,64 @@ def test_the_client_address_is_read_once_when_the_call_starts_never_from_a_reque
     context = PeerAtStartOnly(*(request(f"text {i}") for i in range(3 * STREAM_WINDOW)))
     responses = served.call(streamed(context))
     assert [len(r.embeddings) for r in responses] == [1] * (3 * STREAM_WINDOW)
+
+
+def test_a_call_that_ends_while_its_body_waits_gives_its_admission_back_at_once(
+    tiny_artifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while the server awaits a unary call's message, or while a stream's next request waits for
+    room in its window: the call's place and the request's bytes go back to the budgets then, by the path that
+    took them, not whenever the garbage collector finds them (with a reference cycle, minutes later)."""
+    left_to_the_collector = []
+    finalize = Ticket.__del__
+
+    def finalized(ticket: Ticket) -> None:
+        if ticket._give_back is not None:
+            left_to_the_collector.append(ticket)
+        finalize(ticket)
+
+    monkeypatch.setattr(Ticket, "__del__", finalized)
+    server = ServerThread(server_config(tiny_artifacts))
+    admission = server.server.admission
+    gate = GatedBackend(server.server)
+    no_more = threading.Event()
+    gc.disable()
+    try:
+        channel = grpc.insecure_channel(server.target)
+        embed = channel.stream_unary(  # Embed as registered: its message is read after the call is admitted
+            "/embedding.v1.Embedder/Embed",
+            request_serializer=embedding_pb2.EmbedRequest.SerializeToString,
+            response_deserializer=embedding_pb2.EmbedResponse.FromString,
+        )
+
+        def message_never_sent() -> Iterator[embedding_pb2.EmbedRequest]:
+            no_more.wait(30)
+            yield from ()
+
+        call = embed.future(message_never_sent())
+        eventually(lambda: admission.calls == 1, what="the call admitted, its message awaited")
+        call.cancel()
+        eventually(lambda: admission.calls == 0, what="the cancelled call's place given back")
+
+        def requests() -> Iterator[embedding_pb2.EmbedRequest]:
+            for i in range(2 * STREAM_WINDOW):
+                yield request(f"stream text {i}")
+            no_more.wait(30)
+
+        stream = server.stub().EmbedStream(requests())
+        batcher = server.server.state.resolve("").batcher
+        eventually(lambda: batcher.queued_items + gate.held >= STREAM_WINDOW, what="the stream's window filled")
+        eventually(lambda: admission.held_bytes > 0, what="a request read and waiting for room")
+        stream.cancel()
+        eventually(lambda: server.server.service._open_streams == 0, what="the stream closed")
+        eventually(lambda: admission.held_bytes == 0, what="the waiting request's bytes given back")
+        assert admission.calls == 0
+        assert not left_to_the_collector
+    finally:
+        gc.enable()
+        no_more.set()
+        gate.release()
+        server.stop()
 
 
 def request_id(error: grpc.RpcError) -> str:
