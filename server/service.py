@@ -103,6 +103,11 @@ class Received:
             ticket.release()
 
 
+def _release(received: Received, _done: object) -> None:
+    """A done callback: gives back what a request's task held, whether the task ran or not."""
+    received.release()
+
+
 def receiving(parse: Callable[[bytes], Any], admission: Admission) -> Callable[[bytes], Received]:
     """A request deserializer that admits the body's bytes before parsing them.
 
@@ -404,8 +409,6 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
                     return await self._embed(received, context, call)
                 except Exception as e:
                     raise self._failed(e, "EmbedStream", call) from None
-                finally:
-                    received.release()
 
         async def read() -> None:
             try:
@@ -415,7 +418,11 @@ class EmbedderService(RpcAccounting, embedding_pb2_grpc.EmbedderServicer):
                     except BaseException:  # the stream ends while this request waits for room: its body goes
                         request.release()
                         raise
-                    pending.put_nowait(asyncio.create_task(one(request)))
+                    task = asyncio.create_task(one(request))
+                    # Released when the task is done, also when it is cancelled before it starts (the stream
+                    # ended): then one() never runs, and its body would wait for the garbage collector.
+                    task.add_done_callback(functools.partial(_release, request))
+                    pending.put_nowait(task)
             finally:
                 pending.put_nowait(None)
 

@@ -199,12 +199,12 @@ def test_a_call_that_ends_while_its_body_waits_gives_its_admission_back_at_once(
     """Cancelled while the server awaits a unary call's message, or while a stream's next request waits for
     room in its window: the call's place and the request's bytes go back to the budgets then, by the path that
     took them, not whenever the garbage collector finds them (with a reference cycle, minutes later)."""
-    left_to_the_collector = []
+    finalised_while_held = []
     finalize = Ticket.__del__
 
     def finalized(ticket: Ticket) -> None:
         if ticket._give_back is not None:
-            left_to_the_collector.append(ticket)
+            finalised_while_held.append(ticket)
         finalize(ticket)
 
     monkeypatch.setattr(Ticket, "__del__", finalized)
@@ -243,7 +243,7 @@ def test_a_call_that_ends_while_its_body_waits_gives_its_admission_back_at_once(
         eventually(lambda: server.server.service._open_streams == 0, what="the stream closed")
         eventually(lambda: admission.held_bytes == 0, what="the waiting request's bytes given back")
         assert admission.calls == 0
-        assert not left_to_the_collector
+        assert not finalised_while_held
     finally:
         gc.enable()
         no_more.set()
