@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from server.admission import Ticket
 from server.app import EmbeddingServer, create_server
 from server.config import ServerConfig
 from server.service import Received
@@ -86,6 +87,22 @@ class ServerThread:
 
     def stub(self) -> embedding_pb2_grpc.EmbedderStub:
         return embedding_pb2_grpc.EmbedderStub(grpc.insecure_channel(self.target))
+
+
+@pytest.fixture
+def finalised_while_held(monkeypatch: pytest.MonkeyPatch) -> list[Ticket]:
+    """Admission tickets freed while still held: given back by their finaliser, not by the path that took them
+    (with the garbage collector off, such a ticket can stay held as long as its reference cycle lives)."""
+    found: list[Ticket] = []
+    finalize = Ticket.__del__
+
+    def finalized(ticket: Ticket) -> None:
+        if ticket._give_back is not None:
+            found.append(ticket)
+        finalize(ticket)
+
+    monkeypatch.setattr(Ticket, "__del__", finalized)
+    return found
 
 
 class GatedBackend:

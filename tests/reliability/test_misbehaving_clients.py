@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import grpc
-import pytest
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.admission import Ticket
@@ -103,17 +102,8 @@ def http_abandoned(server: ServerThread, rnd: random.Random, until: float, seen:
 
 
 def test_misbehaving_clients_leave_nothing_held_and_the_server_answering(
-    tiny_artifacts, monkeypatch: pytest.MonkeyPatch
+    tiny_artifacts, finalised_while_held: list[Ticket]
 ) -> None:
-    finalised_while_held: list[Ticket] = []
-    finalize = Ticket.__del__
-
-    def finalized(ticket: Ticket) -> None:
-        if ticket._give_back is not None:
-            finalised_while_held.append(ticket)
-        finalize(ticket)
-
-    monkeypatch.setattr(Ticket, "__del__", finalized)
     server = ServerThread(server_config(tiny_artifacts, http_body_timeout_seconds=1.0, http_header_timeout_seconds=1.0))
     seen: Counter[str] = Counter()
     clients: list[Callable[[ServerThread, random.Random, float, Counter[str]], None]] = [

@@ -194,20 +194,11 @@ def test_the_client_address_is_read_once_when_the_call_starts_never_from_a_reque
 
 
 def test_a_call_that_ends_while_its_body_waits_gives_its_admission_back_at_once(
-    tiny_artifacts, monkeypatch: pytest.MonkeyPatch
+    tiny_artifacts, finalised_while_held: list[Ticket]
 ) -> None:
     """Cancelled while the server awaits a unary call's message, or while a stream's next request waits for
     room in its window: the call's place and the request's bytes go back to the budgets then, by the path that
     took them, not whenever the garbage collector finds them (with a reference cycle, minutes later)."""
-    finalised_while_held = []
-    finalize = Ticket.__del__
-
-    def finalized(ticket: Ticket) -> None:
-        if ticket._give_back is not None:
-            finalised_while_held.append(ticket)
-        finalize(ticket)
-
-    monkeypatch.setattr(Ticket, "__del__", finalized)
     server = ServerThread(server_config(tiny_artifacts))
     admission = server.server.admission
     gate = GatedBackend(server.server)
