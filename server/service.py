@@ -248,7 +248,13 @@ class RpcAccounting:
         request_id = self._request_ids(given.encode() if isinstance(given, str) else given).decode()
         if code == grpc.StatusCode.INTERNAL:
             log.warning("%s answered INTERNAL to request %s: %s", method, request_id, details)
-        await context.abort(code, details, trailing_metadata=((REQUEST_ID, request_id),))
+        try:
+            await context.abort(code, details, trailing_metadata=((REQUEST_ID, request_id),))
+        except grpc.aio.InternalError as e:
+            # gRPC's core ended the call first (the client cancelled, or its deadline passed while the status
+            # was on its way), so no status can be sent; grpc.aio would log this as an error with a traceback
+            # unless it has already seen the client close. The call ends as a cancelled one, which it does not.
+            raise asyncio.CancelledError(f"{method}: the call ended before its status could be sent") from e
         raise AssertionError("unreachable: abort raises")
 
     @contextlib.contextmanager
@@ -260,10 +266,11 @@ class RpcAccounting:
         try:
             yield call
         except asyncio.CancelledError:  # the client went away, or its deadline passed while we worked
-            remaining = context.time_remaining()
-            expired = remaining is not None and remaining <= 0
-            call.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
-            self.metrics.rejected("deadline" if expired else "cancelled", call.model)
+            if call.code == grpc.StatusCode.OK:  # else the call had failed, and was counted, before it ended
+                remaining = context.time_remaining()
+                expired = remaining is not None and remaining <= 0
+                call.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+                self.metrics.rejected("deadline" if expired else "cancelled", call.model)
             raise
         except BaseException:
             if call.code == grpc.StatusCode.OK:  # escaped every handler: gRPC answers UNKNOWN, so count that

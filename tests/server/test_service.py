@@ -7,11 +7,12 @@ import gc
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 
 import grpc
 import numpy as np
 import pytest
+from grpc._cython.cygrpc import ExecuteBatchError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -191,6 +192,46 @@ def test_the_client_address_is_read_once_when_the_call_starts_never_from_a_reque
     context = PeerAtStartOnly(*(request(f"text {i}") for i in range(3 * STREAM_WINDOW)))
     responses = served.call(streamed(context))
     assert [len(r.embeddings) for r in responses] == [1] * (3 * STREAM_WINDOW)
+
+
+class EndedByCore(PeerAtStartOnly):
+    """A call that gRPC's core has already ended (the client cancelled, or its deadline passed) by the time
+    the handler sends its status: grpc.aio's abort then fails as here, and grpc.aio logs that failure as an
+    error with a traceback unless it has already seen the client close."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: object = ()) -> None:
+        raise ExecuteBatchError('Failed "execute_batch": (SendStatusFromServerOperation,)')
+
+
+async def raised(call: Awaitable[object]) -> BaseException | None:
+    try:
+        await call
+    except BaseException as e:  # the outcome itself is under test, CancelledError included
+        return e
+    return None
+
+
+def test_a_failed_call_that_ended_before_its_status_could_be_sent_ends_as_cancelled_and_is_counted_once(
+    served: ServerThread,
+) -> None:
+    service, metrics = served.server.service, served.server.metrics
+    before = {reason: counter(metrics.rejections, reason) for reason in ("invalid", "cancelled", "deadline")}
+    answered = counter(metrics.requests, "Embed", "INVALID_ARGUMENT")
+    context = EndedByCore(request("   "))  # whitespace only: INVALID_ARGUMENT
+    error = served.call(raised(service.Embed(context.stream(), context)))  # type: ignore[arg-type]
+    # grpc.aio logs a CancelledError at debug level; the ExecuteBatchError would have been an ERROR.
+    assert isinstance(error, asyncio.CancelledError) and isinstance(error.__cause__, ExecuteBatchError)
+
+    async def streamed(context: EndedByCore) -> None:
+        async for _ in service.EmbedStream(context.stream(), context):  # type: ignore[arg-type]
+            pass
+
+    context = EndedByCore(request("a dog"), request(""))
+    error = served.call(raised(streamed(context)))
+    assert isinstance(error, asyncio.CancelledError) and isinstance(error.__cause__, ExecuteBatchError)
+    after = {reason: counter(metrics.rejections, reason) for reason in before}
+    assert after == {**before, "invalid": before["invalid"] + 2}  # once each, as refused, never as cancelled
+    assert counter(metrics.requests, "Embed", "INVALID_ARGUMENT") == answered + 1
 
 
 def test_a_call_that_ends_while_its_body_waits_gives_its_admission_back_at_once(
