@@ -188,6 +188,7 @@ class EmbeddingServer:
                 # local sender must not choose another client's share, and the middleware costs a call.
                 proxy_headers=False,
                 access_log=False,
+                log_config=None,  # its records go through the server's own handler and format, not uvicorn's
                 log_level="warning",
                 timeout_keep_alive=5,
                 timeout_graceful_shutdown=int(max(1, config.grace_seconds)),
@@ -251,17 +252,15 @@ class EmbeddingServer:
         except CannotListen:
             await self._stop_listening()
             raise
-        log.info(
-            "gRPC on %s:%d, HTTP on %s:%d, metrics on %s:%d, event loop %s; loading model",
-            self.config.host,
-            self.port,
-            self.config.http_host,
-            self.http_port,
-            self.config.metrics_host,
-            self.metrics_port,
-            loops.running_loop_name(),
-        )
+        log.info("%s, event loop %s; loading model", self._listening(), loops.running_loop_name())
         return self.port
+
+    def _listening(self) -> str:
+        """Where each protocol listens, as bound (port 0 becomes the port taken), or that it is off (-1)."""
+        config = self.config
+        http = f"HTTP on {config.http_host}:{self.http_port}" if config.http_port >= 0 else "HTTP off"
+        metrics = f"metrics on {config.metrics_host}:{self.metrics_port}" if config.metrics_port >= 0 else "metrics off"
+        return f"gRPC on {config.host}:{self.port}, {http}, {metrics}"
 
     async def _listen(self) -> None:
         config = self.config

@@ -152,7 +152,11 @@ class ServerConfig:
     workers: int = setting(1, "server processes sharing the port (SO_REUSEPORT); worker i serves metrics on port + i")
     reuse_port: bool = setting(False, "let several processes bind the port (set for each worker by `--workers`)")
     event_loop: str = setting("uvloop", "`uvloop` or `asyncio` (the standard library's)")
-    log_level: str = setting("INFO", "Python logging level: CRITICAL, ERROR, WARNING, INFO or DEBUG, in any case")
+    log_level: str = setting(
+        "INFO",
+        "Python logging level: CRITICAL, ERROR, WARNING, INFO or DEBUG, in any case; every line, uvicorn's too, is "
+        "`time LEVEL logger: message` on stderr",
+    )
 
     def __post_init__(self) -> None:
         problems = []

@@ -138,6 +138,32 @@ def test_a_port_that_cannot_be_bound_leaves_nothing_listening(tmp_path: Path) ->
         again.bind(("127.0.0.1", grpc_port))
 
 
+@pytest.mark.parametrize(("http_port", "metrics_port"), [(0, 0), (-1, -1)])
+def test_the_start_line_names_each_port_as_bound_or_says_it_is_off(
+    tmp_path: Path, http_port: int, metrics_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from server.app import EmbeddingServer
+    from tests.conftest import server_config
+
+    async def started() -> EmbeddingServer:
+        server = EmbeddingServer(server_config(tmp_path, http_port=http_port, metrics_port=metrics_port))
+        await server.start()
+        await server.stop(0)
+        return server
+
+    with caplog.at_level(logging.INFO, logger="server"):
+        server = asyncio.run(started())
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().endswith("loading model"))
+    assert f"gRPC on 127.0.0.1:{server.port}," in line and server.port > 0
+    if http_port < 0:
+        assert "HTTP off, metrics off," in line
+    else:
+        assert f"HTTP on 127.0.0.1:{server.http_port}, metrics on 127.0.0.1:{server.metrics_port}," in line
+        assert server.http_port > 0 and server.metrics_port > 0
+
+
 def test_cuda_asked_for_where_it_does_not_load_stops_the_server_with_exit_2(tiny_artifacts: Path) -> None:
     from server.runtime import OnnxRuntime, ProviderUnavailable, RuntimeOptions
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 48
 DRAIN_DELAY = 1.0
 STEADY = 3  # answers per client before the signal: requests are queued, running and arriving
+# The server's log format: time, level, logger.
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 
 
 async def steady_load(answers: list[int]) -> None:
@@ -171,6 +175,9 @@ def test_sigterm_under_http_load_serves_every_request_sent_before_it(tiny_artifa
 
     try:
         wait_serving(f"127.0.0.1:{port}", process=process)
+        with socket.create_connection(("127.0.0.1", http_port), timeout=10) as garbage:  # uvicorn logs a warning
+            garbage.sendall(b"NOT HTTP\r\n\r\n")
+            assert garbage.recv(12) == b"HTTP/1.1 400"
         signalled = asyncio.run(closed_loop_clients())
         code = process.wait(30)
         log = process.stdout.read() if process.stdout else ""
@@ -188,6 +195,9 @@ def test_sigterm_under_http_load_serves_every_request_sent_before_it(tiny_artifa
     assert min(refused_at) > 0.5 * DRAIN_DELAY, sorted(refused_at)[:5]
     ok = before["OK"] + after["OK"]
     assert f"stopped: {ok} embedding requests (gRPC and HTTP) answered OK, 0 calls cut off" in log, log[-2000:]
+    # One format for every line, uvicorn's included (its own handler writes no time), and no traceback.
+    assert "WARNING uvicorn.error: Invalid HTTP request received." in log, log[-2000:]
+    assert all(LOG_LINE.match(line) for line in log.splitlines()), log[-2000:]
 
 
 def test_a_sigterm_while_the_server_binds_its_ports_stops_it_cleanly(tiny_artifacts: Path) -> None:
