@@ -92,6 +92,8 @@ class EmbeddingServer:
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.http2.bdp_probe", 1 if config.grpc_bdp_probe else 0),
+                # A connection's handshake (TLS, HTTP/2's preface) bounded as HTTP's headers are, not by gRPC's 120 s.
+                ("grpc.server_handshake_timeout_ms", round(config.http_header_timeout_seconds * 1000)),
             ],
         )
         self.service = EmbedderService(self.state, self.metrics, self._limits(), self.admission, config.max_streams)
@@ -198,10 +200,28 @@ class EmbeddingServer:
         )
         server.config.load()
         server.lifespan = server.config.lifespan_class(server.config)
-        await server.startup(sockets=[sock])
+        await server.startup(sockets=[])  # its state, with no listener: the one below bounds the TLS handshake
+        server.servers = [await self._listen_http(server, sock)]
         await server.on_tick(0)  # the default headers (date); no main loop runs: stop() shuts it down
         self.http_server, self._http_socket = server, sock
         self.http_port = int(sock.getsockname()[1])
+
+    async def _listen_http(self, server: uvicorn.Server, sock: socket.socket) -> asyncio.Server:
+        """uvicorn's listener, as its own startup makes it, but with TLS handshakes bounded by the header timeout:
+        uvicorn sets no bound, so asyncio's 60 s default let a client that connects and never says hello hold
+        its connection six times as long as one that sends no headers."""
+        config = server.config
+
+        def connection() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=server.server_state, app_state=server.lifespan.state
+            )
+
+        handshake = self.config.http_header_timeout_seconds if config.ssl else None
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(
+            connection, sock=sock, ssl=config.ssl, backlog=config.backlog, ssl_handshake_timeout=handshake
+        )
 
     def _unauthenticated(self, method: str) -> None:
         """A call the bearer-token check refused: counted like any other answer the client got."""

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import socket
+import ssl
+import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import tritonclient.grpc
 from cryptography import x509
@@ -88,6 +92,36 @@ def test_tls_serves_tls_clients_and_refuses_plaintext(tiny_artifacts: Path, pki:
             assert refused(plaintext) == grpc.StatusCode.UNAVAILABLE
         with EmbeddingClient(server.target, 5, Security(tls_ca=pki["rogue_ca"])) as wrong_trust:
             assert refused(wrong_trust) == grpc.StatusCode.UNAVAILABLE  # the server's cert is not trusted
+        # The HTTP port speaks TLS with the same files.
+        https = f"https://127.0.0.1:{server.server.http_port}/v1/embeddings"
+        answer = httpx.post(https, json={"input": "over TLS"}, verify=ssl.create_default_context(cafile=pki["ca"]))
+        assert answer.status_code == 200 and len(answer.json()["data"]) == 1
+        with pytest.raises(httpx.TransportError):
+            httpx.post(https.replace("https", "http", 1), json={"input": "plaintext"})
+        with pytest.raises(httpx.ConnectError):  # the server's cert is not trusted
+            httpx.post(https, json={"input": "x"}, verify=ssl.create_default_context(cafile=pki["rogue_ca"]))
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_a_client_that_connects_and_never_handshakes_is_closed_after_the_header_timeout(
+    tiny_artifacts: Path, pki: dict[str, str], tls: bool
+) -> None:
+    """Without a bound of the server's, asyncio waits 60 s for a TLS hello on the HTTP port, and gRPC 60 s for
+    HTTP/2's preface and 120 s for a TLS handshake on its port: a silent client held its connection that long."""
+    files = {"tls_cert": pki["server_cert"], "tls_key": pki["server_key"]} if tls else {}
+    server = ServerThread(server_config(tiny_artifacts, http_header_timeout_seconds=0.5, **files))  # type: ignore[arg-type]
+    try:
+        for port in (server.server.http_port, server.server.port):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
+                started = time.monotonic()
+                while silent.recv(4096):  # gRPC's own settings frame, in plaintext; then the close
+                    pass
+                assert time.monotonic() - started < 10, port  # recv times out (fails) at 30 s
+        security = Security(tls_ca=pki["ca"]) if tls else Security()
+        with EmbeddingClient(server.target, 5, security) as client:  # a client that handshakes is served
+            assert len(client.embed(["handshaken"]).embeddings) == 1
     finally:
         server.stop()
 
