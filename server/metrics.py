@@ -33,6 +33,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+SCRAPE_READ_TIMEOUT_SECONDS = 10.0  # a /metrics connection that sends nothing for this long is closed
 REJECTION_REASONS = ("overloaded", "invalid", "deadline", "cancelled", "draining", "not_ready", "unauthenticated")
 
 
@@ -200,6 +201,10 @@ class _MetricsServer6(_MetricsServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    # Each connection has a thread of its own: without a timeout, a client that connects and sends nothing
+    # holds its thread for ever (200 such clients, 200 threads). A scrape sends its request at once.
+    timeout = SCRAPE_READ_TIMEOUT_SECONDS
+
     def log_message(self, format: str, *args: object) -> None:  # one line per scrape is noise
         pass
 

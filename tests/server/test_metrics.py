@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
+import socket
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import ServerThread, request
 
@@ -39,3 +42,21 @@ def test_the_monitoring_readme_names_every_metric_with_its_labels(served: Server
     response = httpx.post(f"http://127.0.0.1:{served.server.http_port}/v1/embeddings", json={"input": "a cat"})
     assert response.status_code == 200
     assert documented() == exposed(served)
+
+
+def test_a_metrics_client_that_sends_nothing_is_closed_and_scrapes_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metrics server gives each connection a thread: a silent client held one for ever."""
+    from server import metrics
+
+    assert metrics._QuietHandler.timeout == metrics.SCRAPE_READ_TIMEOUT_SECONDS < math.inf
+    monkeypatch.setattr(metrics._QuietHandler, "timeout", 0.3)
+    exported = metrics.Metrics()
+    server, port = exported.serve("127.0.0.1", 0)
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+        for sock in silent:
+            with sock:
+                assert sock.recv(1) == b""  # closed by the server; with no timeout, recv fails after 10 s
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
