@@ -83,6 +83,8 @@ class EmbeddingServer:
         self.metrics.request_bytes.set_function(lambda: self.admission.held_bytes)
         self.metrics.request_calls.set_function(lambda: self.admission.calls)
         self.memory_plan: memory.MemoryPlan | None = None
+        # A connection's handshake (TLS, HTTP/2's preface) bounded as HTTP's headers are, not by gRPC's 60-120 s.
+        handshake = ("grpc.server_handshake_timeout_ms", round(config.http_header_timeout_seconds * 1000))
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
             # Counted by gRPC before a call's message is read: beyond it the call is refused unread.
@@ -92,8 +94,7 @@ class EmbeddingServer:
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.http2.bdp_probe", 1 if config.grpc_bdp_probe else 0),
-                # A connection's handshake (TLS, HTTP/2's preface) bounded as HTTP's headers are, not by gRPC's 120 s.
-                ("grpc.server_handshake_timeout_ms", round(config.http_header_timeout_seconds * 1000)),
+                handshake,
             ],
         )
         self.service = EmbedderService(self.state, self.metrics, self._limits(), self.admission, config.max_streams)
@@ -126,7 +127,7 @@ class EmbeddingServer:
         self.health_server: grpc.aio.Server | None = None
         self.health_port = 0
         if config.health_port >= 0:
-            self.health_server = grpc.aio.server()
+            self.health_server = grpc.aio.server(options=[handshake])
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
 
     def _limits(self) -> embedding_pb2.InfoResponse:

@@ -37,7 +37,7 @@ class ServerConfig:
     http_port: int = setting(8080, "HTTP API port (0 = any free port, -1 = off)")
     http_header_timeout_seconds: float = setting(
         10.0,
-        "request headers that take longer to arrive get 408 and the connection is closed; a connection to either "
+        "request headers that take longer to arrive get 408 and the connection is closed; a connection to any "
         "port whose handshake (TLS, or gRPC's HTTP/2 preface) takes longer is closed",
     )
     http_body_timeout_seconds: float = setting(10.0, "a request body that takes longer to arrive in full gets 400")

@@ -111,9 +111,10 @@ def test_a_client_that_connects_and_never_handshakes_is_closed_after_the_header_
     """Without a bound of the server's, asyncio waits 60 s for a TLS hello on the HTTP port, and gRPC 60 s for
     HTTP/2's preface and 120 s for a TLS handshake on its port: a silent client held its connection that long."""
     files = {"tls_cert": pki["server_cert"], "tls_key": pki["server_key"]} if tls else {}
-    server = ServerThread(server_config(tiny_artifacts, http_header_timeout_seconds=0.5, **files))  # type: ignore[arg-type]
+    config = server_config(tiny_artifacts, http_header_timeout_seconds=0.5, health_port=0, **files)  # type: ignore[arg-type]
+    server = ServerThread(config)
     try:
-        for port in (server.server.http_port, server.server.port):
+        for port in (server.server.http_port, server.server.port, server.server.health_port):
             with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
                 started = time.monotonic()
                 while silent.recv(4096):  # gRPC's own settings frame, in plaintext; then the close
