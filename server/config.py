@@ -156,8 +156,9 @@ class ServerConfig:
     event_loop: str = setting("uvloop", "`uvloop` or `asyncio` (the standard library's)")
     log_level: str = setting(
         "INFO",
-        "Python logging level: CRITICAL, ERROR, WARNING, INFO or DEBUG, in any case; every line, uvicorn's too, is "
-        "`time LEVEL logger: message` on stderr",
+        "Python logging level: CRITICAL, ERROR, WARNING, INFO or DEBUG, in any case; lines are `time LEVEL logger: "
+        "message` on stderr, uvicorn's too; gRPC's core writes only its errors, in its own format (`GRPC_VERBOSITY`, "
+        "ERROR unless set)",
     )
 
     def __post_init__(self) -> None:

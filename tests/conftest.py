@@ -25,6 +25,8 @@ from server.config import ServerConfig
 from server.service import Received
 
 ROOT = Path(__file__).resolve().parents[1]
+# A line of the server's log: time, level, logger (every line it writes, gRPC's and uvicorn's included).
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 
 # Servers the tests start as processes (`python -m server`) take any free HTTP port, never 8080.
 os.environ.setdefault("EMBED_HTTP_PORT", "0")

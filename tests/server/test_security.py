@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,8 +25,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
+from loadtest.run import free_port, wait_serving
 from server.client import EmbeddingClient, Security
-from tests.conftest import ROOT, ServerThread, counter, serve_exits, server_config
+from tests.conftest import LOG_LINE, ROOT, ServerThread, counter, serve_exits, server_config
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -125,6 +130,35 @@ def test_a_client_that_connects_and_never_handshakes_is_closed_after_the_header_
             assert len(client.embed(["handshaken"]).embeddings) == 1
     finally:
         server.stop()
+
+
+def test_failed_tls_handshakes_leave_the_log_in_the_servers_format(tiny_artifacts: Path, pki: dict[str, str]) -> None:
+    """gRPC's core logged each failed handshake at INFO in a format of its own: one line per plaintext call."""
+    port, health_port = free_port(), free_port()
+    flags = ["--model-dir", str(tiny_artifacts), "--port", str(port), "--health-port", str(health_port)]
+    flags += ["--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"], "--http-port", "-1"]
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server", *flags, "--metrics-port", "-1", "--drain-delay-seconds", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_serving(f"127.0.0.1:{health_port}", process=process)
+        for _ in range(3):
+            with EmbeddingClient(f"127.0.0.1:{port}", 5) as plaintext:
+                assert refused(plaintext) == grpc.StatusCode.UNAVAILABLE
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = process.stdout.read() if process.stdout else ""
+    assert "stopped:" in log and "Handshake failed" not in log, log[-2000:]
+    assert all(LOG_LINE.match(line) for line in log.splitlines()), log[-2000:]
 
 
 def test_mutual_tls_refuses_clients_without_a_cert_from_the_client_ca(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,13 +18,12 @@ import httpx
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from loadtest.run import free_port, wait_serving
+from tests.conftest import LOG_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 48
 DRAIN_DELAY = 1.0
 STEADY = 3  # answers per client before the signal: requests are queued, running and arriving
-# The server's log format: time, level, logger.
-LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 
 
 async def steady_load(answers: list[int]) -> None:
