@@ -85,17 +85,20 @@ class EmbeddingServer:
         self.memory_plan: memory.MemoryPlan | None = None
         # A connection's handshake (TLS, HTTP/2's preface) bounded as HTTP's headers are, not by gRPC's 60-120 s.
         handshake = ("grpc.server_handshake_timeout_ms", round(config.http_header_timeout_seconds * 1000))
+        options = [
+            ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.http2.bdp_probe", 1 if config.grpc_bdp_probe else 0),
+            handshake,
+        ]
+        if config.grpc_max_connection_age_seconds > 0:  # else gRPC's default: a connection lives as long as its client
+            options.append(("grpc.max_connection_age_ms", round(config.grpc_max_connection_age_seconds * 1000)))
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
             # Counted by gRPC before a call's message is read: beyond it the call is refused unread.
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-            options=[
-                ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-                ("grpc.max_receive_message_length", config.max_message_bytes),
-                ("grpc.max_send_message_length", config.max_message_bytes),
-                ("grpc.http2.bdp_probe", 1 if config.grpc_bdp_probe else 0),
-                handshake,
-            ],
+            options=options,
         )
         self.service = EmbedderService(self.state, self.metrics, self._limits(), self.admission, config.max_streams)
         add_to_server(self.service, self.grpc_server, self.admission)

@@ -98,6 +98,11 @@ class ServerConfig:
         "initial 64 KiB, so a flood of large requests waits on the wire, not in the server's memory (turn on for "
         "large messages over long links)",
     )
+    grpc_max_connection_age_seconds: float = setting(
+        0.0,
+        "a gRPC connection gets GOAWAY after about this long (calls in progress finish on it), so a client's "
+        "channel reconnects and, balancing over DNS, finds replicas added since (0 = never)",
+    )
     max_concurrent_rpcs: int = setting(
         512, "calls in progress at once, both protocols together; more get `RESOURCE_EXHAUSTED` before being read"
     )
@@ -180,6 +185,8 @@ class ServerConfig:
             problems.append("max_padding_ratio must be between 0 and 1")
         if self.max_delay_ms < 0 or self.grace_seconds < 0 or self.drain_delay_seconds < 0:
             problems.append("max_delay_ms, drain_delay_seconds and grace_seconds must not be negative")
+        if self.grpc_max_connection_age_seconds < 0:
+            problems.append("grpc_max_connection_age_seconds must not be negative")
         if self.backend_probe_seconds <= 0:
             problems.append("backend_probe_seconds must be positive")
         if self.max_concurrent_rpcs < 1:

@@ -88,6 +88,8 @@ def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
     assert ports == {"grpc": 50051, "http": 8080, "metrics": 9464, "health": 50052}  # the server's defaults + health
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["EMBED_HEALTH_PORT"] == "50052"  # the plaintext health-only port the probes reach, TLS or not
+    # Connections renewed, so clients balancing over the headless Service's DNS find pods the autoscaler adds.
+    assert 0 < float(env["EMBED_GRPC_MAX_CONNECTION_AGE_SECONDS"]) <= 600
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert container[probe]["grpc"]["port"] == ports["health"]  # native gRPC probes on the health service
     assert container["readinessProbe"]["grpc"]["service"] == "embedding.v1.Embedder"

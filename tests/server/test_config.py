@@ -40,6 +40,7 @@ def test_invalid_values_are_refused_with_a_clear_message(capsys: pytest.CaptureF
         (["--max-input-chars", "0"], "max_input_chars must be at least 1"),
         (["--max-message-bytes", "0"], "max_message_bytes must be at least 1"),
         (["--intra-op-threads", "-2"], "intra_op_threads must not be negative"),
+        (["--grpc-max-connection-age-seconds", "-1"], "grpc_max_connection_age_seconds must not be negative"),
         (["--log-level", "LOUD"], "log_level must be one of CRITICAL, ERROR, WARNING, INFO, DEBUG, not 'LOUD'"),
     ],
 )

@@ -6,17 +6,19 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Iterator
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 from grpc._cython.cygrpc import ExecuteBatchError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from embedding.v1 import embedding_pb2
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from server.admission import Ticket
 from server.client import AsyncEmbeddingClient, EmbeddingClient
 from server.service import STREAM_WINDOW, embeddings_message
@@ -192,6 +194,41 @@ def test_the_client_address_is_read_once_when_the_call_starts_never_from_a_reque
     context = PeerAtStartOnly(*(request(f"text {i}") for i in range(3 * STREAM_WINDOW)))
     responses = served.call(streamed(context))
     assert [len(r.embeddings) for r in responses] == [1] * (3 * STREAM_WINDOW)
+
+
+def test_connections_are_renewed_after_their_max_age_and_calls_on_them_finish(tiny_artifacts) -> None:  # type: ignore[no-untyped-def]
+    """With --grpc-max-connection-age-seconds a client's channel moves to a new connection (where, balancing over
+    DNS, it would find replicas added since), and a stream open across the age is not cut."""
+    server = ServerThread(server_config(tiny_artifacts, grpc_max_connection_age_seconds=0.5))
+    me = psutil.Process()
+
+    def client_ports() -> set[int]:  # the server's end of each connection, in this process, by the client's port
+        return {
+            c.raddr.port
+            for c in me.net_connections("tcp")
+            if c.laddr.port == server.server.port and c.status == psutil.CONN_ESTABLISHED and c.raddr
+        }
+
+    try:
+        channel = grpc.insecure_channel(server.target)
+        stub = embedding_pb2_grpc.EmbedderStub(channel)
+
+        def slowly(n: int) -> Iterator[embedding_pb2.EmbedRequest]:
+            for i in range(n):
+                time.sleep(0.1)
+                yield request(f"text {i}")
+
+        assert [len(r.embeddings) for r in stub.EmbedStream(slowly(15), timeout=30)] == [1] * 15  # 1.5 s, one stream
+        seen: set[int] = set()
+        started = time.monotonic()
+        while len(seen) < 2:
+            assert time.monotonic() - started < 10, f"one connection for 10 s: {seen}"
+            assert len(stub.Embed(request("a river"), timeout=10).embeddings) == 1
+            seen |= client_ports()
+            time.sleep(0.05)
+        channel.close()
+    finally:
+        server.stop()
 
 
 class EndedByCore(PeerAtStartOnly):
