@@ -252,8 +252,8 @@ class RpcAccounting:
             await context.abort(code, details, trailing_metadata=((REQUEST_ID, request_id),))
         except grpc.aio.InternalError as e:
             # gRPC's core ended the call first (the client cancelled, or its deadline passed while the status
-            # was on its way), so no status can be sent; grpc.aio would log this as an error with a traceback
-            # unless it has already seen the client close. The call ends as a cancelled one, which it does not.
+            # was on its way), so no status can be sent. grpc.aio logs this error with a traceback unless it has
+            # already seen the client close; a cancellation it logs at debug level.
             raise asyncio.CancelledError(f"{method}: the call ended before its status could be sent") from e
         raise AssertionError("unreachable: abort raises")
 
