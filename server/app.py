@@ -32,7 +32,7 @@ from server.backend import OnnxBackend
 from server.batcher import Batcher
 from server.config import ServerConfig, parse_config
 from server.http import HttpApi
-from server.http_connection import protocol_class
+from server.http_connection import UnsentAnswers, protocol_class
 from server.metrics import Metrics
 from server.models import VERSION, LoadedModel, ServedModel, ServingState, batch_policy, load_model
 from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
@@ -82,6 +82,8 @@ class EmbeddingServer:
         self.metrics.in_flight.set_function(lambda: self.state.in_flight)
         self.metrics.request_bytes.set_function(lambda: self.admission.held_bytes)
         self.metrics.request_calls.set_function(lambda: self.admission.calls)
+        self.unsent = UnsentAnswers(config.http_send_timeout_seconds, metrics=self.metrics)
+        self.metrics.http_unsent_bytes.set_function(lambda: self.unsent.held_bytes)
         self.memory_plan: memory.MemoryPlan | None = None
         # A connection's handshake (TLS, HTTP/2's preface) bounded as HTTP's headers are, not by gRPC's 60-120 s.
         handshake = ("grpc.server_handshake_timeout_ms", round(config.http_header_timeout_seconds * 1000))
@@ -188,7 +190,7 @@ class EmbeddingServer:
             uvicorn.Config(
                 self.http_api,
                 loop="none",  # this loop: the gRPC server's
-                http=protocol_class(config.http_header_timeout_seconds, self.metrics),
+                http=protocol_class(config.http_header_timeout_seconds, self.metrics, self.unsent),
                 lifespan="off",
                 # The connection is the client (admission and fair queueing): X-Forwarded-For from a
                 # local sender must not choose another client's share, and the middleware costs a call.
@@ -359,6 +361,8 @@ class EmbeddingServer:
         plan = memory.plan(limit, memory.rss_bytes(), config.max_message_bytes, config.max_request_bytes)
         self.memory_plan = plan
         self.admission.resize(plan.request_bytes, plan.request_calls)
+        self.unsent.capacity = plan.unsent_bytes
+        self.metrics.http_unsent_capacity.set(plan.unsent_bytes)
         self.metrics.request_bytes_capacity.set(plan.request_bytes)
         self.metrics.request_calls_capacity.set(plan.request_calls)
         self.metrics.memory_limit.set(plan.limit_bytes)

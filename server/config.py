@@ -41,6 +41,12 @@ class ServerConfig:
         "port whose handshake (TLS, or gRPC's HTTP/2 preface) takes longer is closed",
     )
     http_body_timeout_seconds: float = setting(10.0, "a request body that takes longer to arrive in full gets 400")
+    http_send_timeout_seconds: float = setting(
+        10.0,
+        "a client that takes none of its answer's bytes for this long has its connection closed (the answer is "
+        "dropped); while answers waiting for their clients fill their share of memory, the slowest readers' "
+        "connections are closed first",
+    )
     auto_truncate: bool = setting(
         True, "HTTP: inputs over the model's max length are cut unless the request says `truncate: false`"
     )
@@ -195,8 +201,10 @@ class ServerConfig:
             problems.append("max_request_bytes must hold at least one largest message (max_message_bytes)")
         if self.http_max_inputs < 1:
             problems.append("http_max_inputs must be at least 1")
-        if self.http_body_timeout_seconds <= 0 or self.http_header_timeout_seconds <= 0:
-            problems.append("http_header_timeout_seconds and http_body_timeout_seconds must be positive")
+        if min(self.http_body_timeout_seconds, self.http_header_timeout_seconds, self.http_send_timeout_seconds) <= 0:
+            problems.append(
+                "http_header_timeout_seconds, http_body_timeout_seconds and http_send_timeout_seconds must be positive"
+            )
         if self.max_batch_seconds < 0 or self.memory_limit_mib < 0 or self.inline_batch_ms < 0:
             problems.append("max_batch_seconds, memory_limit_mib and inline_batch_ms must not be negative")
         for origin in self.cors_origins():

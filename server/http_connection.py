@@ -1,10 +1,18 @@
 """The HTTP/1.1 connection under the API: uvicorn's httptools protocol with a deadline on each request's
 headers, a bound on their size, errors in OpenAI's shape where uvicorn answers plain text, a drain that
-answers every request whose first bytes have arrived, and one write per response."""
+answers every request whose first bytes have arrived, one write per response, and a bound on the answers
+waiting for clients that do not read them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import logging
+import socket
+import struct
+import termios
+from dataclasses import dataclass
 from http import HTTPStatus
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -12,6 +20,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from server.errors import EmbedError, InvalidInput, nearest_entry
 from server.http import REASON_FOR_ERROR, HeadersTimedOut, HeadTooLarge, error_body
 from server.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 # A request's line and headers, the most read (nginx reads 32 KiB, h11 16 KiB): a bearer token and cookies fit.
 MAX_HEAD_BYTES = 64 * 1024
@@ -35,10 +45,18 @@ class ServingProtocol(HttpToolsProtocol):
 
     uvicorn writes a response's head and body in two writes, two sends on the socket; each request's cycle
     writes through ``OneWriteResponses`` instead, so a response leaves in one.
+
+    An answer its client does not take at once (the transport's buffer past its high-water mark: the
+    connection is *stalled*) is reported to ``UnsentAnswers``, which bounds how long and how much of them the
+    server holds. Until the client has taken it, nothing more is read from the connection and no request
+    queued behind it starts: uvicorn would compute the next pipelined request and hold its answer too.
     """
 
     header_timeout = 10.0  # seconds; set per server by ``protocol_class``
     metrics: Metrics | None = None  # likewise: where a request answered before its head was read is counted
+    unsent: UnsentAnswers | None = None  # likewise: answers not yet taken by their clients
+    _next_request_waits = False  # an answer was completed while stalled: the next request starts when it is taken
+    _writing = 0  # bytes of the last response write: what a stalled answer holds (see ``held_bytes``)
     _header_timer: asyncio.TimerHandle | None = None
     _head_started = 0.0
     _receiving_headers = False
@@ -81,7 +99,7 @@ class ServingProtocol(HttpToolsProtocol):
         if self._close_after_request:
             self.cycle.keep_alive = False
         if self.scope["method"] != "HEAD":  # a HEAD response has no body write to send the head with
-            self.cycle.transport = OneWriteResponses(self.transport)  # type: ignore[assignment]
+            self.cycle.transport = OneWriteResponses(self.transport, self)  # type: ignore[assignment]
 
     def shutdown(self) -> None:
         if self._receiving_headers:
@@ -91,7 +109,60 @@ class ServingProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self.unsent is not None:
+            self.unsent.taken(self)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.unsent is not None:
+            self.unsent.stalled(self, self.loop.time())
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.unsent is not None:
+            self.unsent.taken(self)
+        if self._next_request_waits:
+            self._next_request_waits = False
+            super().on_response_complete()  # reads again, starts a pipelined request or arms keep-alive
+
+    def on_response_complete(self) -> None:
+        if self.flow.write_paused and not self.transport.is_closing():
+            self._next_request_waits = True
+            self.flow.pause_reading()
+            return
+        super().on_response_complete()
+
+    def unsent_bytes(self) -> int:
+        """Bytes of this connection's answers the client has not taken: the transport's buffer and, on Linux, the
+        socket's send queue (sent bytes not yet acknowledged, and bytes not sent). The transport's buffer alone
+        moves only when the kernel's queue, megabytes deep, has room: a client reading steadily would look idle."""
+        return self.transport.get_write_buffer_size() + self._kernel_unsent()
+
+    def _kernel_unsent(self) -> int:
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or not hasattr(termios, "TIOCOUTQ"):
+            return 0
+        try:
+            return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+        except OSError:  # closed meanwhile
+            return 0
+
+    def held_bytes(self) -> int:
+        """The memory a stalled answer holds: in the process the whole write, not only its unsent part (uvloop
+        keeps the written object until its last byte leaves), and in the kernel the socket's send queue (which the
+        container's memory limit counts too)."""
+        return max(self._writing, self.transport.get_write_buffer_size()) + self._kernel_unsent()
+
+    def close_unread(self) -> None:
+        """Close at once, dropping what the client has not taken: ``close`` would wait for it to read, and even
+        after ``abort`` the kernel goes on offering the socket's send queue to a client that takes nothing, for
+        minutes, unless the socket lingers for 0 s (a reset instead of a close)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def _arm_header_timer(self) -> None:
         self._head_started = self.loop.time()
@@ -128,10 +199,11 @@ class OneWriteResponses:
     of two). A "100 Continue" goes out at once: the client waits for it before sending the body.
     """
 
-    __slots__ = ("_head", "_head_sent", "_transport")
+    __slots__ = ("_connection", "_head", "_head_sent", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, connection: ServingProtocol | None = None) -> None:
         self._transport = transport
+        self._connection = connection  # told each write's size before it is made (a stall is reported within it)
         self._head = b""
         self._head_sent = False  # after it every write is body: passed on as it comes
 
@@ -141,6 +213,8 @@ class OneWriteResponses:
         elif not self._head_sent and data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
             self._head = data
             return
+        if self._connection is not None:
+            self._connection._writing = len(data)
         self._transport.write(data)
 
     def close(self) -> None:
@@ -153,6 +227,113 @@ class OneWriteResponses:
         return self._transport.is_closing()
 
 
-def protocol_class(header_timeout: float, metrics: Metrics | None = None) -> type[ServingProtocol]:
-    """The protocol class uvicorn instantiates per connection, with this server's header timeout and metrics."""
-    return type("ServingProtocol", (ServingProtocol,), {"header_timeout": header_timeout, "metrics": metrics})
+SWEEP_SECONDS = 0.25  # how often stalled connections are checked, while there are any
+# A connection stalled for less than this is never closed for the answers' budget: a client on a slow link takes a
+# large answer over a second or so. The budget's overshoot is then at most what the server answers in this long.
+STALL_GRACE_SECONDS = 1.0
+LOG_EVERY_SECONDS = 60.0  # closed connections are logged at most this often (a slow reader chooses how many)
+
+
+@dataclass(eq=False)
+class _Stall:
+    since: float  # when the connection stalled
+    held: int  # the memory its answer holds until the client has taken it (ServingProtocol.held_bytes)
+    unsent_then: int  # bytes its client had not taken then
+    unsent: int  # at the last check
+    taken_at: float  # when its client last took bytes (or since)
+
+
+class UnsentAnswers:
+    """Answers written to HTTP connections and not yet taken by their clients, bounded two ways.
+
+    A client that stops reading leaves its answer in the server's memory, and one that keeps sending requests
+    on new connections can grow that without end: 600 connections each holding a float answer to 2,048 inputs
+    took a server's RSS from 829 to 2,604 MiB. So, checked every SWEEP_SECONDS while any connection is stalled:
+
+    * a connection whose client takes none of its bytes for ``send_timeout`` seconds is closed;
+    * while the stalled connections hold more than ``capacity`` bytes (the memory plan's share for them), those
+      stalled for at least STALL_GRACE_SECONDS are closed, the slowest reader first (bytes taken per second
+      since it stalled; the longest stalled first among equals), until they hold no more than it.
+
+    A closed connection's answer is dropped: its client was not reading it.
+    """
+
+    def __init__(self, send_timeout: float, capacity: int = 0, metrics: Metrics | None = None) -> None:
+        self.send_timeout = send_timeout
+        self.capacity = capacity  # bytes; 0 = no budget (before the memory plan is made)
+        self._metrics = metrics
+        self._stalls: dict[ServingProtocol, _Stall] = {}  # in the order they stalled
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = {"send_timeout": 0, "budget": 0}  # since the last log line
+        self._logged_at = float("-inf")
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(stall.held for stall in self._stalls.values())
+
+    def stalled(self, connection: ServingProtocol, now: float) -> None:
+        unsent = connection.unsent_bytes()
+        self._stalls[connection] = _Stall(now, connection.held_bytes(), unsent, unsent, now)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._tick)
+
+    def taken(self, connection: ServingProtocol) -> None:
+        """The client has taken its answer (or the connection is gone)."""
+        self._stalls.pop(connection, None)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.sweep(loop.time())
+        self._timer = loop.call_later(SWEEP_SECONDS, self._tick) if self._stalls else None
+
+    def sweep(self, now: float) -> None:
+        """Close what the send timeout and the budget say must go."""
+        for connection, stall in list(self._stalls.items()):
+            left = connection.unsent_bytes()
+            if left < stall.unsent:
+                stall.unsent, stall.taken_at = left, now
+            if now - stall.taken_at >= self.send_timeout:
+                self._close(connection, "send_timeout", now)
+        held = self.held_bytes
+        if not self.capacity or held <= self.capacity:
+            return
+
+        def taken_per_second(connection: ServingProtocol) -> float:
+            stall = self._stalls[connection]
+            return (stall.unsent_then - stall.unsent) / (now - stall.since)
+
+        closable = [c for c, stall in self._stalls.items() if now - stall.since >= STALL_GRACE_SECONDS]
+        for connection in sorted(closable, key=taken_per_second):  # stable: the longest stalled first among equals
+            if held <= self.capacity:
+                break
+            held -= self._stalls[connection].held
+            self._close(connection, "budget", now)
+
+    def _close(self, connection: ServingProtocol, reason: str, now: float) -> None:
+        self._stalls.pop(connection, None)
+        connection.close_unread()
+        if self._metrics is not None:
+            self._metrics.http_slow_readers_closed.labels(reason).inc()
+        self._closed[reason] += 1
+        if now - self._logged_at >= LOG_EVERY_SECONDS:
+            log.warning(
+                "closed HTTP connections whose clients were not taking their answers: %d for the send timeout "
+                "(%g s without a byte taken), %d for the memory their answers held (%d bytes at most); "
+                "counted in embed_http_slow_readers_closed_total, logged at most every %g s",
+                self._closed["send_timeout"],
+                self.send_timeout,
+                self._closed["budget"],
+                self.capacity,
+                LOG_EVERY_SECONDS,
+            )
+            self._closed = dict.fromkeys(self._closed, 0)
+            self._logged_at = now
+
+
+def protocol_class(
+    header_timeout: float, metrics: Metrics | None = None, unsent: UnsentAnswers | None = None
+) -> type[ServingProtocol]:
+    """The protocol class uvicorn instantiates per connection, with this server's header timeout, metrics and
+    bound on answers not yet taken."""
+    attributes = {"header_timeout": header_timeout, "metrics": metrics, "unsent": unsent}
+    return type("ServingProtocol", (ServingProtocol,), attributes)

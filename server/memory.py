@@ -3,7 +3,8 @@
 The limit is the lower of the cgroup's (``memory.max``, what Kubernetes sets from the container's limit)
 and ``--memory-limit-mib``, where either is set, else the machine's memory; ``--workers N`` gives each
 worker a share of 1/N through that flag. Peak RSS is kept within ``TARGET_SHARE`` of it:
-what the models take once loaded and warmed up (their largest batch included) is measured, and the
+what the models take once loaded and warmed up (their largest batch included) is measured, a share of the
+limit is kept for HTTP answers written and not yet taken by their clients (``UnsentAnswers``), and the
 rest goes to request bodies received and not yet tokenized (the byte budget, ``Admission``).
 """
 
@@ -23,6 +24,10 @@ TARGET_SHARE = 0.75  # of the limit: the rest is slack for the allocator, the ke
 # thread stacks, responses. Without it a one-connection flood of all-MiniLM-L6-v2-shaped requests once
 # peaked at 771 MiB against a 768 MiB target (2026-11-25, `tests/reliability/test_flood.py`).
 UNACCOUNTED_SHARE = 0.05  # of the limit
+# HTTP answers written and not yet taken by their clients (server/http_connection.py, UnsentAnswers): a client
+# that stops reading leaves its answer in the server's memory. 2.5% of 1 GiB holds the largest answer (2,048
+# inputs of 384 floats as JSON, about 15 MB) and more; clients reading at network speed hold far less.
+UNSENT_SHARE = 0.025  # of the limit
 # What one byte of body costs in memory until it is tokenized: gRPC's buffers, the bytes object it copies
 # them into, the parsed message and the Python strings read from it (docs/reliability.md, "Memory").
 MEMORY_PER_BODY_BYTE = 3
@@ -63,6 +68,7 @@ class MemoryPlan:
     models_bytes: int  # RSS once every model is loaded and has run its largest batch
     request_bytes: int  # the byte budget: request bodies held (received, not yet tokenized)
     request_calls: int  # calls reading or tokenizing their body at once: request_bytes / max_message_bytes
+    unsent_bytes: int  # HTTP answers written and not yet taken by their clients, at most (UNSENT_SHARE)
 
     @property
     def target_bytes(self) -> int:
@@ -72,20 +78,22 @@ class MemoryPlan:
         return (
             f"memory limit {self.limit_bytes // MIB} MiB ({self.limit_source}); target peak "
             f"{self.target_bytes // MIB} MiB; models {self.models_bytes // MIB} MiB after warm-up; "
-            f"request bodies {self.request_bytes // MIB} MiB, {self.request_calls} calls reading or tokenizing"
+            f"request bodies {self.request_bytes // MIB} MiB, {self.request_calls} calls reading or tokenizing; "
+            f"HTTP answers waiting for their clients {self.unsent_bytes // MIB} MiB"
         )
 
 
 def plan(limit: tuple[int, str], models_bytes: int, max_message_bytes: int, override_bytes: int = 0) -> MemoryPlan:
-    """What the target leaves, less UNACCOUNTED_SHARE of the limit, once the models are warm goes to
-    request bodies, each byte costing MEMORY_PER_BODY_BYTE; calls are counted as if every body were the
+    """What the target leaves, less UNACCOUNTED_SHARE and UNSENT_SHARE of the limit, once the models are warm
+    goes to request bodies, each byte costing MEMORY_PER_BODY_BYTE; calls are counted as if every body were the
     largest message, so the bound holds before any body is read.
 
     ``override_bytes`` (--max-request-bytes) replaces the derived budget. Raises ValueError when not
     even one largest message fits: the limit is too small for these models and batches.
     """
     limit_bytes, source = limit
-    left = int(limit_bytes * TARGET_SHARE) - int(limit_bytes * UNACCOUNTED_SHARE) - models_bytes
+    unsent = int(limit_bytes * UNSENT_SHARE)
+    left = int(limit_bytes * TARGET_SHARE) - int(limit_bytes * UNACCOUNTED_SHARE) - unsent - models_bytes
     budget = override_bytes or left // MEMORY_PER_BODY_BYTE
     if budget < max_message_bytes:
         raise ValueError(
@@ -94,7 +102,7 @@ def plan(limit: tuple[int, str], models_bytes: int, max_message_bytes: int, over
             f"({max_message_bytes // MIB} MiB x {MEMORY_PER_BODY_BYTE}): raise the limit, or lower "
             "--max-batch-seconds/--max-batch-tokens or --max-message-bytes"
         )
-    return MemoryPlan(limit_bytes, source, models_bytes, budget, budget // max_message_bytes)
+    return MemoryPlan(limit_bytes, source, models_bytes, budget, budget // max_message_bytes, unsent)
 
 
 # glibc's malloc settings, read from the environment when the process starts.

@@ -137,6 +137,26 @@ class Metrics:
         self.memory_limit = Gauge(
             "embed_memory_limit_bytes", "The memory limit the budgets are derived from.", registry=registry
         )
+        self.http_unsent_bytes = Gauge(
+            "embed_http_unsent_bytes",
+            "Memory held by HTTP answers their clients have not taken (the answer written and the socket's send "
+            "queue), on connections whose client reads slower than the server writes.",
+            registry=registry,
+        )
+        self.http_unsent_capacity = Gauge(
+            "embed_http_unsent_capacity_bytes",
+            "The memory share for HTTP answers not yet taken: beyond it the slowest readers' connections are closed.",
+            registry=registry,
+        )
+        self.http_slow_readers_closed = Counter(
+            "embed_http_slow_readers_closed",
+            "HTTP connections closed because their client was not taking its answer, by reason: send_timeout "
+            "(no byte taken for --http-send-timeout-seconds) or budget (answers held past their memory share).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("send_timeout", "budget"):
+            self.http_slow_readers_closed.labels(reason)
         self.inputs = Counter("embed_inputs", "Inputs embedded and returned.", ["model"], registry=registry)
         self.tokens = Counter("embed_tokens", "Tokens of inputs embedded and returned.", ["model"], registry=registry)
         self.rejections = Counter(
