@@ -248,7 +248,8 @@ class UnsentAnswers:
 
     A client that stops reading leaves its answer in the server's memory, and one that keeps sending requests
     on new connections can grow that without end: 600 connections each holding a float answer to 2,048 inputs
-    took a server's RSS from 829 to 2,604 MiB. So, checked every SWEEP_SECONDS while any connection is stalled:
+    took a server's RSS from 829 to 2,604 MiB (2026-11-29, 2-core AMD EPYC VM, ``--memory-limit-mib 2048``).
+    So, checked every SWEEP_SECONDS while any connection is stalled:
 
     * a connection whose client takes none of its bytes for ``send_timeout`` seconds is closed;
     * while the stalled connections hold more than ``capacity`` bytes (the memory plan's share for them), those
@@ -263,23 +264,29 @@ class UnsentAnswers:
         self.capacity = capacity  # bytes; 0 = no budget (before the memory plan is made)
         self._metrics = metrics
         self._stalls: dict[ServingProtocol, _Stall] = {}  # in the order they stalled
+        # Their stalls' ``held``, summed: one int, which the metrics thread reads while the event loop changes it.
+        self._held = 0
         self._timer: asyncio.TimerHandle | None = None
         self._closed = {"send_timeout": 0, "budget": 0}  # since the last log line
         self._logged_at = float("-inf")
 
     @property
     def held_bytes(self) -> int:
-        return sum(stall.held for stall in self._stalls.values())
+        return self._held
 
     def stalled(self, connection: ServingProtocol, now: float) -> None:
+        self.taken(connection)  # asyncio pairs each pause with a resume; never count one connection twice
         unsent = connection.unsent_bytes()
-        self._stalls[connection] = _Stall(now, connection.held_bytes(), unsent, unsent, now)
+        stall = self._stalls[connection] = _Stall(now, connection.held_bytes(), unsent, unsent, now)
+        self._held += stall.held
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._tick)
 
     def taken(self, connection: ServingProtocol) -> None:
         """The client has taken its answer (or the connection is gone)."""
-        self._stalls.pop(connection, None)
+        stall = self._stalls.pop(connection, None)
+        if stall is not None:
+            self._held -= stall.held
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -294,8 +301,7 @@ class UnsentAnswers:
                 stall.unsent, stall.taken_at = left, now
             if now - stall.taken_at >= self.send_timeout:
                 self._close(connection, "send_timeout", now)
-        held = self.held_bytes
-        if not self.capacity or held <= self.capacity:
+        if not self.capacity or self._held <= self.capacity:
             return
 
         def taken_per_second(connection: ServingProtocol) -> float:
@@ -304,13 +310,12 @@ class UnsentAnswers:
 
         closable = [c for c, stall in self._stalls.items() if now - stall.since >= STALL_GRACE_SECONDS]
         for connection in sorted(closable, key=taken_per_second):  # stable: the longest stalled first among equals
-            if held <= self.capacity:
+            if self._held <= self.capacity:
                 break
-            held -= self._stalls[connection].held
             self._close(connection, "budget", now)
 
     def _close(self, connection: ServingProtocol, reason: str, now: float) -> None:
-        self._stalls.pop(connection, None)
+        self.taken(connection)
         connection.close_unread()
         if self._metrics is not None:
             self._metrics.http_slow_readers_closed.labels(reason).inc()
