@@ -82,14 +82,25 @@ def test_dashboard_uses_a_datasource_variable_and_covers_the_panels() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
-    for needed in ("status code", "p99", "stage", "padding", "queue", "rejections", "tokens/s", "provider"):
+    for needed in ("status code", "p99", "stage", "padding", "queue", "rejections", "tokens/s", "provider", "memory"):
         assert needed in titles
     # A model variable from the served models, and every per-model series filtered by it.
     assert "embed_model_info" in variables["model"]["definition"] and variables["model"]["includeAll"]
     for title, expr in dashboard_exprs():
         for selector in re.findall(r"\b(embed_\w+)\{([^}]*)\}", expr):
-            if selector[0] != "embed_requests_in_flight":
+            if selector[0] not in PROCESS_WIDE:
                 assert 'model=~"$model"' in selector[1], (title, expr)
+
+
+# The process's own series, with no model label: what every model shares.
+PROCESS_WIDE = {
+    "embed_requests_in_flight",
+    "embed_request_bytes",
+    "embed_request_capacity_bytes",
+    "embed_http_unsent_bytes",
+    "embed_http_unsent_capacity_bytes",
+    "embed_http_slow_readers_closed_total",
+}
 
 
 @pytest.fixture(scope="module")
