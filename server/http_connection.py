@@ -148,11 +148,11 @@ class ServingProtocol(HttpToolsProtocol):
         except OSError:  # closed meanwhile
             return 0
 
-    def held_bytes(self) -> int:
-        """The memory a stalled answer holds: in the process the whole write, not only its unsent part (uvloop
-        keeps the written object until its last byte leaves), and in the kernel the socket's send queue (which the
-        container's memory limit counts too)."""
-        return max(self._writing, self.transport.get_write_buffer_size()) + self._kernel_unsent()
+    def held_bytes(self, unsent: int) -> int:
+        """The memory a stalled answer holds, given its ``unsent_bytes``: in the process the whole write, not only
+        its unsent part (uvloop's write context keeps the written object until its last byte leaves), and in the
+        kernel the socket's send queue (which the container's memory limit counts too)."""
+        return unsent + max(0, self._writing - self.transport.get_write_buffer_size())
 
     def close_unread(self) -> None:
         """Close at once, dropping what the client has not taken: ``close`` would wait for it to read, and even
@@ -277,7 +277,7 @@ class UnsentAnswers:
     def stalled(self, connection: ServingProtocol, now: float) -> None:
         self.taken(connection)  # asyncio pairs each pause with a resume; never count one connection twice
         unsent = connection.unsent_bytes()
-        stall = self._stalls[connection] = _Stall(now, connection.held_bytes(), unsent, unsent, now)
+        stall = self._stalls[connection] = _Stall(now, connection.held_bytes(unsent), unsent, unsent, now)
         self._held += stall.held
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._tick)

@@ -26,7 +26,8 @@ TARGET_SHARE = 0.75  # of the limit: the rest is slack for the allocator, the ke
 UNACCOUNTED_SHARE = 0.05  # of the limit
 # HTTP answers written and not yet taken by their clients (server/http_connection.py, UnsentAnswers): a client
 # that stops reading leaves its answer in the server's memory. 2.5% of 1 GiB holds the largest answer (2,048
-# inputs of 384 floats as JSON, about 15 MB) and more; clients reading at network speed hold far less.
+# inputs of 384 floats as JSON, 9.7 MB from all-MiniLM-L6-v2, 2026-11-29) more than twice; clients reading at
+# network speed hold far less.
 UNSENT_SHARE = 0.025  # of the limit
 # What one byte of body costs in memory until it is tokenized: gRPC's buffers, the bytes object it copies
 # them into, the parsed message and the Python strings read from it (docs/reliability.md, "Memory").

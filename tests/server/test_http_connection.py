@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from server.http_connection import HEAD_METHOD
-from tests.conftest import ServerThread, eventually, read_response, server_config
+from tests.conftest import ServerThread, counter, eventually, read_response, server_config
 
 
 def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts: Path) -> None:
@@ -209,7 +209,7 @@ class StalledConnection:
     def __init__(self, held: int, unsent: int) -> None:
         self.held, self.unsent, self.closed = held, unsent, False
 
-    def held_bytes(self) -> int:
+    def held_bytes(self, unsent: int) -> int:
         return self.held
 
     def unsent_bytes(self) -> int:
@@ -222,7 +222,6 @@ class StalledConnection:
 def test_a_client_that_takes_no_byte_for_the_send_timeout_is_closed_and_a_slow_reader_is_kept() -> None:
     from server.http_connection import UnsentAnswers
     from server.metrics import Metrics
-    from tests.conftest import counter
 
     async def scenario() -> None:  # a running loop for the sweep's timer; the sweeps here are called by hand
         metrics = Metrics()
@@ -246,7 +245,6 @@ def test_a_client_that_takes_no_byte_for_the_send_timeout_is_closed_and_a_slow_r
 def test_past_their_memory_share_the_slowest_readers_go_first_and_none_stalled_within_the_grace() -> None:
     from server.http_connection import STALL_GRACE_SECONDS, UnsentAnswers
     from server.metrics import Metrics
-    from tests.conftest import counter
 
     async def scenario() -> None:
         metrics = Metrics()
@@ -282,14 +280,12 @@ def test_a_client_that_stops_reading_gets_nothing_more_computed_and_is_closed_af
     a server from 829 to 2,604 MiB. Its connection stalls on an answer, nothing more is read or computed for it
     (uvicorn would compute the next pipelined request and hold that answer too), and it is closed once no byte
     has been taken for the send timeout."""
-    from tests.conftest import counter
-
     server = ServerThread(server_config(tiny_artifacts, http_send_timeout_seconds=1.0))
     try:
         unsent, metrics = server.server.unsent, server.server.metrics
         with socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(embeddings_request(2048) * 12)  # about 1.3 MB an answer: more than the socket buffers
+            sock.sendall(embeddings_request(2048) * 12)  # about 0.8 MB an answer: more than the socket buffers
             eventually(lambda: unsent.held_bytes > 0, what="an answer the client has not taken, held by the server")
             [connection] = list(unsent._stalls)
             eventually(lambda: not connection.tasks, what="no request running on the stalled connection")
@@ -332,12 +328,6 @@ def test_a_client_reading_slowly_but_steadily_gets_every_answer_whole(tiny_artif
         for answer in answers:
             assert len(json.loads(answer.partition(b"\r\n\r\n")[2])["data"]) == 2048
         assert took > 2 * 0.5  # longer than the send timeout, without a pause that long
-        assert counter_of_closed(server) == 0
+        assert counter(server.server.metrics.http_slow_readers_closed) == 0
     finally:
         server.stop()
-
-
-def counter_of_closed(server: ServerThread) -> float:
-    from tests.conftest import counter
-
-    return counter(server.server.metrics.http_slow_readers_closed)
