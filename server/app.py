@@ -96,6 +96,9 @@ class EmbeddingServer:
         ]
         if config.grpc_max_connection_age_seconds > 0:  # else gRPC's default: a connection lives as long as its client
             options.append(("grpc.max_connection_age_ms", round(config.grpc_max_connection_age_seconds * 1000)))
+            if config.grpc_max_connection_age_grace_seconds > 0:  # else calls in progress finish, however long
+                grace = round(config.grpc_max_connection_age_grace_seconds * 1000)
+                options.append(("grpc.max_connection_age_grace_ms", grace))
         self.grpc_server = grpc.aio.server(
             interceptors=interceptors,
             # Counted by gRPC before a call's message is read: beyond it the call is refused unread.

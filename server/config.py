@@ -106,8 +106,15 @@ class ServerConfig:
     )
     grpc_max_connection_age_seconds: float = setting(
         0.0,
-        "a gRPC connection gets GOAWAY after about this long (calls in progress finish on it), so a client's "
-        "channel reconnects and, balancing over DNS, finds replicas added since (0 = never)",
+        "a gRPC connection gets GOAWAY after about this long (calls in progress finish on it, within the grace "
+        "period if one is set), so a client's channel reconnects and, balancing over DNS, finds replicas added "
+        "since (0 = never)",
+    )
+    grpc_max_connection_age_grace_seconds: float = setting(
+        0.0,
+        "where a connection age is set: how long calls in progress may go on after GOAWAY before the "
+        "connection is closed under them, so a client that stops reading its answers holds its calls' places for "
+        "at most the age and this (0 = for as long as the calls last)",
     )
     max_concurrent_rpcs: int = setting(
         512, "calls in progress at once, both protocols together; more get `RESOURCE_EXHAUSTED` before being read"
@@ -191,8 +198,11 @@ class ServerConfig:
             problems.append("max_padding_ratio must be between 0 and 1")
         if self.max_delay_ms < 0 or self.grace_seconds < 0 or self.drain_delay_seconds < 0:
             problems.append("max_delay_ms, drain_delay_seconds and grace_seconds must not be negative")
-        if self.grpc_max_connection_age_seconds < 0:
-            problems.append("grpc_max_connection_age_seconds must not be negative")
+        for name in ("grpc_max_connection_age_seconds", "grpc_max_connection_age_grace_seconds"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative")
+        if self.grpc_max_connection_age_grace_seconds > 0 and self.grpc_max_connection_age_seconds == 0:
+            problems.append("grpc_max_connection_age_grace_seconds needs grpc_max_connection_age_seconds (its age)")
         if self.backend_probe_seconds <= 0:
             problems.append("backend_probe_seconds must be positive")
         if self.max_concurrent_rpcs < 1:

@@ -41,6 +41,14 @@ def test_invalid_values_are_refused_with_a_clear_message(capsys: pytest.CaptureF
         (["--max-message-bytes", "0"], "max_message_bytes must be at least 1"),
         (["--intra-op-threads", "-2"], "intra_op_threads must not be negative"),
         (["--grpc-max-connection-age-seconds", "-1"], "grpc_max_connection_age_seconds must not be negative"),
+        (
+            ["--grpc-max-connection-age-seconds", "1", "--grpc-max-connection-age-grace-seconds", "-1"],
+            "grpc_max_connection_age_grace_seconds must not be negative",
+        ),
+        (
+            ["--grpc-max-connection-age-grace-seconds", "30"],
+            "grpc_max_connection_age_grace_seconds needs grpc_max_connection_age_seconds (its age)",
+        ),
         (["--log-level", "LOUD"], "log_level must be one of CRITICAL, ERROR, WARNING, INFO, DEBUG, not 'LOUD'"),
     ],
 )
