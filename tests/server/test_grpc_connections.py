@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+from collections.abc import Iterator
 
 import grpc
 import h2.config
@@ -18,7 +20,7 @@ import h2.exceptions
 import h2.settings
 import pytest
 
-from embedding.v1 import embedding_pb2_grpc
+from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from tests.conftest import ServerThread, eventually, request, server_config
 
 
@@ -104,4 +106,32 @@ def test_past_its_age_and_grace_a_connection_that_takes_no_answer_is_closed_and_
             eventually(lambda: answered(stub), what="a call answered once the stalled connection's places came back")
     finally:
         stalled.close()
+        server.stop()
+
+
+def test_a_stream_still_running_past_its_connections_age_and_grace_is_cut_unavailable_after_its_answers(
+    tiny_artifacts,  # type: ignore[no-untyped-def]
+) -> None:
+    """The grace's cost, as docs/api.md states it: a stream that outlives the age and the grace ends UNAVAILABLE,
+    the answers it got before standing."""
+    config = server_config(
+        tiny_artifacts, grpc_max_connection_age_seconds=0.5, grpc_max_connection_age_grace_seconds=0.5
+    )
+    server = ServerThread(config)
+
+    def slowly(n: int) -> Iterator[embedding_pb2.EmbedRequest]:
+        for i in range(n):
+            time.sleep(0.1)
+            yield request(f"text {i}")
+
+    answers: list[int] = []
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = embedding_pb2_grpc.EmbedderStub(channel)
+            with pytest.raises(grpc.RpcError) as cut:
+                for response in stub.EmbedStream(slowly(60), timeout=30):  # 6 s of requests
+                    answers.append(len(response.embeddings))
+        assert cut.value.code() == grpc.StatusCode.UNAVAILABLE, cut.value.details()
+        assert 0 < len(answers) < 60 and set(answers) == {1}, answers
+    finally:
         server.stop()
