@@ -89,7 +89,11 @@ def test_deployment_probes_drain_and_resources_fit_the_server() -> None:
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["EMBED_HEALTH_PORT"] == "50052"  # the plaintext health-only port the probes reach, TLS or not
     # Connections renewed, so clients balancing over the headless Service's DNS find pods the autoscaler adds.
-    assert 0 < float(env["EMBED_GRPC_MAX_CONNECTION_AGE_SECONDS"]) <= 600
+    age = float(env["EMBED_GRPC_MAX_CONNECTION_AGE_SECONDS"])
+    assert 0 < age <= 600
+    # ... and closed under their calls after a grace, so a client that takes no answer holds its calls' places
+    # for minutes, not for as long as it keeps the connection.
+    assert 0 < age + float(env["EMBED_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS"]) <= 600
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert container[probe]["grpc"]["port"] == ports["health"]  # native gRPC probes on the health service
     assert container["readinessProbe"]["grpc"]["service"] == "embedding.v1.Embedder"
