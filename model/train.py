@@ -33,12 +33,15 @@ from model.evaluate import (
     Outside,
     embed,
     evaluate_reference,
+    format_comparisons,
     format_evaluation,
     held_out_evaluation,
     held_out_task,
     model_scores,
     model_size,
     pad_batch,
+    prefix_comparisons,
+    scores_of,
 )
 from model.losses import (
     cosine_matrix,
@@ -314,19 +317,18 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         set_variance_rotation(model, [anchors[i] for i in sample] + [positives[i] for i in sample], pad)
 
     say("held-out WordNet retrieval: trained, TF-IDF and each trained prefix")
-    evaluation = {"untrained": asdict(untrained)} | held_out_evaluation(
-        model, tokenizer, task, train_corpus, config.matryoshka_dims
-    )
+    ranks = held_out_evaluation(model, tokenizer, task, train_corpus, config.matryoshka_dims)
     sizes = {"trained": model_size(model.config)}
     outside: dict[str, object] = {}
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
         reference = Path(config.reference_dir or config.teacher_dir)
         say(f"the same for {Manifest.read(reference).model_id}, whole and cut; the outside-WordNet check")
-        reference_evaluation, sizes["teacher"], outside = evaluate_reference(
+        reference_ranks, sizes["teacher"], outside = evaluate_reference(
             reference, model, tokenizer, task, config.matryoshka_dims, cache_dir,
             Outside(config.outside_sentences, config.outside_pairs, config.seed),
         )  # fmt: skip
-        evaluation |= reference_evaluation
+        ranks |= reference_ranks
+    evaluation = {"untrained": asdict(untrained)} | {name: asdict(scores_of(r)) for name, r in ranks.items()}
     summary: dict[str, object] = {
         "steps": config.train_steps,
         "batch_size": config.batch_size,
@@ -350,6 +352,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         "outside_wordnet": outside,
         "model_sizes": sizes,
         "evaluation": evaluation,
+        "prefix_comparisons": prefix_comparisons(ranks, task, config.matryoshka_dims),
     }
     return TrainResult(model, tokenizer, losses, evaluation, summary)
 
@@ -491,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     plot_losses(result.losses, Path(config.out_dir) / "loss_curve.png")
     print(f"checkpoint: {path} ({result.summary['train_seconds']} s)")
     print(format_evaluation(result.evaluation, result.summary["model_sizes"]))  # type: ignore[arg-type]
+    print(format_comparisons(result.summary["prefix_comparisons"]))  # type: ignore[arg-type]
     outside = result.summary["outside_wordnet"]
     if outside:
         print(f"outside WordNet: Spearman {outside['spearman']:.3f} against {outside['reference']}")  # type: ignore[index]

@@ -105,6 +105,9 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(
         second.evaluation == first.evaluation and second.summary["outside_wordnet"] == first.summary["outside_wordnet"]
     )
     assert set(first.evaluation) == {"untrained", "tfidf", "trained", "teacher", "trained @16", "teacher @16"}
+    gap = first.summary["prefix_comparisons"]["trained @16 recall@1 - teacher"]
+    at_16, teacher = first.evaluation["trained @16"]["recall_at_1"], first.evaluation["teacher"]["recall_at_1"]
+    assert gap["value"] == pytest.approx(at_16 - teacher) and gap["low"] <= gap["value"] <= gap["high"]
     outside = first.summary["outside_wordnet"]
     assert outside["reference"] == "test/tiny-bert" and outside["pairs"] == 500 and -1 <= outside["spearman"] <= 1
     plain = train(tiny_config(tmp_path))

@@ -45,6 +45,8 @@ def test_tiny_training_reports_all_three_evaluations(tiny_training) -> None:
     assert all(np.isfinite(result.losses)) and len(result.losses) == 12
     assert (out / "checkpoint.pt").is_file() and (out / "tokenizer.json").is_file()
     assert result.summary["held_out_queries"] > 0
+    ((name, share),) = result.summary["prefix_comparisons"].items()  # no teacher: the share at 16 alone
+    assert name == "trained @16 recall@10 / trained" and share["low"] <= share["value"] <= share["high"]
 
 
 def test_the_matryoshka_loss_changes_training_when_on_and_not_when_off() -> None:
