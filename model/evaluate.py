@@ -221,7 +221,7 @@ def outside_wordnet(
     return {"sentences": len(sentences), "pairs": outside.pairs, "spearman": spearman}
 
 
-def held_out_evaluation(
+def held_out_ranks(
     model: Encoder, tokenizer: Tokenizer, task: HeldOutTask, fit_texts: Sequence[str], dims: Sequence[int]
 ) -> dict[str, np.ndarray]:
     """Each query's rank under TF-IDF (fit on ``fit_texts``), the trained model, and each of its prefixes of

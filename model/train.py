@@ -35,7 +35,7 @@ from model.evaluate import (
     evaluate_reference,
     format_comparisons,
     format_evaluation,
-    held_out_evaluation,
+    held_out_ranks,
     held_out_task,
     model_scores,
     model_size,
@@ -317,7 +317,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
         set_variance_rotation(model, [anchors[i] for i in sample] + [positives[i] for i in sample], pad)
 
     say("held-out WordNet retrieval: trained, TF-IDF and each trained prefix")
-    ranks = held_out_evaluation(model, tokenizer, task, train_corpus, config.matryoshka_dims)
+    ranks = held_out_ranks(model, tokenizer, task, train_corpus, config.matryoshka_dims)
     sizes = {"trained": model_size(model.config)}
     outside: dict[str, object] = {}
     if config.reference_dir or config.teacher_dir:  # a teacher is the reference unless another is named
