@@ -67,8 +67,10 @@ class Recipe:
 
 
 PLAIN = Recipe(steps=1400, vocab_size=8192, matryoshka_weight=0.0)  # InfoNCE only, random token embeddings
-# Token embeddings from the teacher; 8192 and 16384 tokens, 1,050 steps, prefix weights 0 to 1 measured too.
-DISTILLED = Recipe(steps=2100, vocab_size=32768, matryoshka_weight=0.1)
+# Token embeddings from the teacher; 8192 and 16384 tokens, 1,050 steps, prefix weights 0 to 1 measured too. The
+# prefixes' InfoNCE at 0.3, without the teacher's similarity on them (matryoshka_distill), kept 95.7-97.2% of the
+# full length's recall@10 at 64 components on four held-out splits (docs/decisions/0023).
+DISTILLED = Recipe(steps=2100, vocab_size=32768, matryoshka_weight=0.3)
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,9 @@ class TrainConfig:
     # trained to stand alone (Matryoshka): InfoNCE on each prefix, beside the full length.
     matryoshka_dims: tuple[int, ...] = (32, 64)
     matryoshka_weight: float | None = None  # of each prefix's losses; None = the recipe's (prefix_weight)
-    # With a teacher, the similarity-matching loss on each prefix too (else on the full length only).
-    matryoshka_distill: bool = True
+    # With a teacher, the similarity-matching loss on each prefix too (else on the full length only, the prefixes
+    # trained by InfoNCE alone: 64 components keep more of the full length's recall, docs/decisions/0023).
+    matryoshka_distill: bool = False
     prefix_ranking_weight: float = 0.0  # of each prefix's ranking matched to the full length's (prefix_ranking_loss)
     prefix_ranking_dims: tuple[int, ...] | None = None  # the prefixes it applies to; None = matryoshka_dims
     # After training, the output's axes are turned to the principal axes of training texts' embeddings: the
@@ -122,8 +125,8 @@ class TrainConfig:
     @property
     def recipe(self) -> Recipe:
         """A large vocabulary pays only when its rows start from the teacher's: with random rows most tokens
-        are seen too rarely in a brief run to learn. With the teacher, twice the steps let the prefix losses
-        raise the 32-component prefix without costing the full length (docs/model.md)."""
+        are seen too rarely in a brief run to learn. With the teacher, twice the steps make room for the prefix
+        losses (docs/model.md)."""
         return DISTILLED if self.teacher_dir and self.teacher_init else PLAIN
 
     @property

@@ -115,10 +115,10 @@ def test_distillation_caches_the_teacher_and_changes_the_objective(
     matched = train(replace(config, distill_weight=1.0))
     projected = train(replace(config, distill_loss="projection", distill_weight=1.0))
     assert projected.losses != matched.losses and projected.summary["distill_loss"] == "projection"
-    prefixed = train(replace(config, distill_weight=1.0, matryoshka_weight=0.5))
-    full_only = train(replace(config, distill_weight=1.0, matryoshka_weight=0.5, matryoshka_distill=False))
+    prefixed = train(replace(config, distill_weight=1.0, matryoshka_weight=0.5, matryoshka_distill=True))
+    full_only = train(replace(config, distill_weight=1.0, matryoshka_weight=0.5))  # the default: full length only
     assert full_only.losses != prefixed.losses  # the teacher's similarity also shapes each prefix when on
-    assert matched.summary["matryoshka_distill"] and not full_only.summary["matryoshka_distill"]
+    assert prefixed.summary["matryoshka_distill"] and not full_only.summary["matryoshka_distill"]
     # The head that maps the student to the teacher's width is for training only: the model is the plain encoder.
     assert projected.model.state_dict().keys() == plain.model.state_dict().keys()
 
