@@ -86,8 +86,20 @@ def scores_of(ranks: np.ndarray) -> RetrievalScores:
     )
 
 
-def retrieval_scores(queries: np.ndarray, docs: np.ndarray, targets: Sequence[int]) -> RetrievalScores:
-    return scores_of(retrieval_ranks(queries, docs, targets))
+@dataclass(frozen=True)
+class HeldOutTask:
+    queries: list[str]  # held-out example sentences
+    docs: list[str]  # held-out definitions, one per held-out synset
+    targets: list[int]  # index into docs of each query's definition
+
+
+def held_out_task(held_out: Sequence[Synset]) -> HeldOutTask:
+    queries, targets = [], []
+    for i, s in enumerate(held_out):
+        for example in s.examples:
+            queries.append(example)
+            targets.append(i)
+    return HeldOutTask(queries, [s.definition for s in held_out], targets)
 
 
 @dataclass(frozen=True)
@@ -123,41 +135,20 @@ def prefix_comparisons(
 ) -> dict[str, dict[str, float]]:
     """With intervals over resampled held-out synsets: each trained prefix's recall@10 as a share of the full
     length's and, with a teacher row, its recall@1 minus the teacher's at full length."""
+
+    def compared(one: np.ndarray, other: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray]) -> dict[str, float]:
+        both = np.stack([one, other], axis=1).astype(np.float64)  # (Q, 2): the two sides, query by query
+        return asdict(synset_bootstrap(both, task.targets, statistic, resamples))
+
     comparisons: dict[str, dict[str, float]] = {}
     for d in dims:
         prefix, full = ranks[f"trained @{d}"], ranks["trained"]
-        share = synset_bootstrap(
-            np.stack([prefix <= 10, full <= 10], axis=1).astype(np.float64),
-            task.targets,
-            lambda m: m[:, 0] / np.maximum(m[:, 1], 1e-12),
-            resamples,
-        )
-        comparisons[f"trained @{d} recall@10 / trained"] = asdict(share)
+        share = compared(prefix <= 10, full <= 10, lambda m: m[:, 0] / np.maximum(m[:, 1], 1e-12))
+        comparisons[f"trained @{d} recall@10 / trained"] = share
         if "teacher" in ranks:
-            gap = synset_bootstrap(
-                np.stack([prefix <= 1, ranks["teacher"] <= 1], axis=1).astype(np.float64),
-                task.targets,
-                lambda m: m[:, 0] - m[:, 1],
-                resamples,
-            )
-            comparisons[f"trained @{d} recall@1 - teacher"] = asdict(gap)
+            gap = compared(prefix <= 1, ranks["teacher"] <= 1, lambda m: m[:, 0] - m[:, 1])
+            comparisons[f"trained @{d} recall@1 - teacher"] = gap
     return comparisons
-
-
-@dataclass(frozen=True)
-class HeldOutTask:
-    queries: list[str]  # held-out example sentences
-    docs: list[str]  # held-out definitions, one per held-out synset
-    targets: list[int]  # index into docs of each query's definition
-
-
-def held_out_task(held_out: Sequence[Synset]) -> HeldOutTask:
-    queries, targets = [], []
-    for i, s in enumerate(held_out):
-        for example in s.examples:
-            queries.append(example)
-            targets.append(i)
-    return HeldOutTask(queries, [s.definition for s in held_out], targets)
 
 
 def tfidf_ranks(task: HeldOutTask, fit_texts: Sequence[str]) -> np.ndarray:
@@ -169,20 +160,12 @@ def tfidf_ranks(task: HeldOutTask, fit_texts: Sequence[str]) -> np.ndarray:
     return query_ranks((q @ d.T).toarray(), task.targets)  # dense rows over the vocabulary would take GBs
 
 
-def tfidf_scores(task: HeldOutTask, fit_texts: Sequence[str]) -> RetrievalScores:
-    return scores_of(tfidf_ranks(task, fit_texts))
-
-
 def model_ranks(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask, dims: int | None = None) -> np.ndarray:
     pad = pad_id(tokenizer)
     max_len = model.max_len
     q = embed(model, encode_texts(tokenizer, task.queries, max_len), pad, dims=dims)
     d = embed(model, encode_texts(tokenizer, task.docs, max_len), pad, dims=dims)
     return retrieval_ranks(q, d, task.targets)
-
-
-def model_scores(model: Encoder, tokenizer: Tokenizer, task: HeldOutTask, dims: int | None = None) -> RetrievalScores:
-    return scores_of(model_ranks(model, tokenizer, task, dims))
 
 
 def reference_embedder(reference: Path, max_len: int, cache_dir: Path) -> Callable[[Sequence[str]], np.ndarray]:

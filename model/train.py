@@ -37,7 +37,7 @@ from model.evaluate import (
     format_evaluation,
     held_out_ranks,
     held_out_task,
-    model_scores,
+    model_ranks,
     model_size,
     pad_batch,
     prefix_comparisons,
@@ -273,7 +273,7 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
             model.token_embedding.weight[pad].zero_()  # padding stays a zero row, as in the random initialisation
     bf16 = use_bf16(config.bf16)
     task = held_out_task(held_out)
-    untrained = model_scores(model, tokenizer, task)
+    untrained = scores_of(model_ranks(model, tokenizer, task))
     parameters = list(model.parameters())
     head: torch.nn.Linear | None = None
     if teacher is not None and config.distill_loss == "projection":

@@ -9,9 +9,10 @@ from model.evaluate import (
     format_comparisons,
     pad_batch,
     prefix_comparisons,
-    retrieval_scores,
+    retrieval_ranks,
+    scores_of,
     synset_bootstrap,
-    tfidf_scores,
+    tfidf_ranks,
 )
 
 
@@ -35,7 +36,7 @@ def test_pad_batch_cuts_each_batch_to_its_own_longest_row() -> None:
 def test_retrieval_scores_on_a_known_ranking() -> None:
     docs = np.eye(3, dtype=np.float32)
     queries = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 0.2, 0.8]], dtype=np.float32)
-    scores = retrieval_scores(queries, docs, targets=[0, 1, 2])
+    scores = scores_of(retrieval_ranks(queries, docs, targets=[0, 1, 2]))
     # ranks: 1, 2 (doc 0 is closer than doc 1), 1
     assert scores.recall_at_1 == pytest.approx(2 / 3)
     assert scores.recall_at_10 == 1.0
@@ -48,9 +49,9 @@ def test_tfidf_ranks_the_definition_sharing_the_querys_words_first() -> None:
         docs=["a warm mat where a cat sat", "a dog that barked", "an unrelated text about ships"],
         targets=[1, 0],
     )
-    scores = tfidf_scores(task, task.docs + task.queries)
+    scores = scores_of(tfidf_ranks(task, task.docs + task.queries))
     assert scores.recall_at_1 == 1.0 and scores.mrr == 1.0
-    swapped = tfidf_scores(HeldOutTask(task.queries, task.docs, [0, 1]), task.docs + task.queries)
+    swapped = scores_of(tfidf_ranks(HeldOutTask(task.queries, task.docs, [0, 1]), task.docs + task.queries))
     assert swapped.recall_at_1 == 0.0
 
 
