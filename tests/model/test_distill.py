@@ -133,7 +133,7 @@ def test_a_distilling_run_says_each_step_before_it_runs(
         "training pairs; WordPiece vocabulary",
         "token ids",
         "the teacher's embeddings of",
-        "output axes by variance",
+        "output axes (shared) from",
         "held-out WordNet retrieval",
         "the same for test/tiny-bert",
     ]

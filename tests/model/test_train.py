@@ -70,24 +70,45 @@ def test_the_matryoshka_loss_changes_training_when_on_and_not_when_off() -> None
         tiny_train_config(matryoshka_dims=(32,))
 
 
-def test_the_variance_rotation_orders_the_axes_and_keeps_full_length_cosines() -> None:
+@pytest.mark.parametrize("kind", ["shared", "variance"])
+def test_the_output_axes_are_ordered_and_keep_full_length_cosines(kind: str) -> None:
     from model.evaluate import embed
-    from model.train import set_variance_rotation
+    from model.train import set_output_axes
     from model.transformer import Encoder, EncoderConfig
 
     torch.manual_seed(0)
     model = Encoder(EncoderConfig(vocab_size=50, max_len=16, d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                   dropout=0.0, output_rotation=True)).eval()  # fmt: skip
-    rows = [list(np.random.default_rng(i).integers(1, 50, size=2 + i % 9)) for i in range(300)]
+    rows = [list(np.random.default_rng(i).integers(1, 50, size=2 + i % 9)) for i in range(600)]
+    anchors, positives = rows[:300], [row[: max(2, len(row) - 1)] for row in rows[:300]]  # matches: one token less
     before = embed(model, rows, pad=0)
-    set_variance_rotation(model, rows, pad=0)
+    set_output_axes(model, anchors, positives, pad=0, kind=kind)
     after = embed(model, rows, pad=0)
     rotation = model.rotation.numpy()  # type: ignore[union-attr]
     assert np.allclose(rotation @ rotation.T, np.eye(16), atol=1e-5)  # orthogonal
     assert np.allclose(after @ after.T, before @ before.T, atol=1e-5)  # every full-length cosine kept
-    variance = after.var(axis=0)
-    assert np.all(np.diff(variance) <= 1e-7) and variance[0] > 2 * variance[-1]  # first axes carry the most
+    a, p = embed(model, anchors, pad=0), embed(model, positives, pad=0)
+    both = np.concatenate([a, p])
+    a, p = np.split(both - both.mean(axis=0), 2)
+    per_axis = (a * p).mean(axis=0) if kind == "shared" else both.var(axis=0)  # what each kind orders by
+    assert np.all(np.diff(per_axis) <= 1e-6) and per_axis[0] > 2 * abs(per_axis[-1])  # first axes carry the most
     assert not np.allclose(after, before, atol=1e-3)  # and it did turn them
+
+
+def test_shared_axes_put_what_matched_texts_share_ahead_of_larger_noise() -> None:
+    from model.train import output_axes
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    shared = rng.normal(0, 1.0, n)  # the same in a text and its match
+    anchors = np.stack([shared, rng.normal(0, 3.0, n), rng.normal(0, 0.1, n)], axis=1)  # axis 1: larger, unshared
+    positives = np.stack([shared, rng.normal(0, 3.0, n), rng.normal(0, 0.1, n)], axis=1)
+    turn, _ = np.linalg.qr(rng.normal(size=(3, 3)))  # hide the axes behind a random rotation
+    a, p = (anchors @ turn).astype(np.float32), (positives @ turn).astype(np.float32)
+    by_sharing, by_variance = output_axes(a, p, "shared"), output_axes(a, p, "variance")
+    assert abs(turn[0] @ by_sharing[:, 0]) > 0.99  # shared: the common direction first
+    assert abs(turn[1] @ by_variance[:, 0]) > 0.99  # variance: the noise, which varies most
+    assert np.allclose(by_sharing.T @ by_sharing, np.eye(3), atol=1e-5)
 
 
 def test_the_prefix_ranking_loss_pulls_each_prefix_towards_the_full_lengths_ranking() -> None:
