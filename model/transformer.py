@@ -44,8 +44,8 @@ class EncoderConfig:
     embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
     activation: str = "relu"  # feed-forward non-linearity: relu (paper) | gelu (exact, erf-based, BERT)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper); BERT does not
-    # A fixed orthogonal (C, C) map after pooling, set after training (model/train.py: components ordered by
-    # variance, so that a prefix keeps the most); cosines between full-length embeddings do not change.
+    # A fixed orthogonal (C, C) map after pooling, set after training (model/train.py, output_axes: components
+    # ordered so that a prefix keeps the most); cosines between full-length embeddings do not change.
     output_rotation: bool = False
 
     def __post_init__(self) -> None:
@@ -257,5 +257,5 @@ class Encoder(nn.Module):
         pooled = masked_mean_pool(self.token_states(input_ids, attention_mask), attention_mask)  # (B, C)
         rotation = self.rotation  # a local: TorchScript narrows an Optional only there
         if rotation is not None:
-            pooled = pooled @ rotation  # (B, C) @ (C, C): the same vectors in variance-ordered axes
+            pooled = pooled @ rotation  # (B, C) @ (C, C): the same vectors in the ordered output axes
         return pooled
