@@ -176,6 +176,8 @@ def output_axes(anchors: np.ndarray, positives: np.ndarray, kind: str) -> np.nda
         vectors = np.concatenate([anchors, positives])
         _, _, vt = np.linalg.svd(vectors - vectors.mean(axis=0), full_matrices=False)  # vt: (C, C), rows by variance
         return vt.T.copy()
+    if kind != "shared":
+        raise ValueError(f"no output axes of kind {kind!r}")
     both = np.concatenate([anchors, positives]).astype(np.float64)
     a, p = np.split(both - both.mean(axis=0), 2)  # (N, C) each, centred on the mean of both
     shared = (a.T @ p + p.T @ a) / (2 * len(a))  # (C, C), symmetric: its eigenvectors are orthogonal

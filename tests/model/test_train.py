@@ -109,6 +109,8 @@ def test_shared_axes_put_what_matched_texts_share_ahead_of_larger_noise() -> Non
     assert abs(turn[0] @ by_sharing[:, 0]) > 0.99  # shared: the common direction first
     assert abs(turn[1] @ by_variance[:, 0]) > 0.99  # variance: the noise, which varies most
     assert np.allclose(by_sharing.T @ by_sharing, np.eye(3), atol=1e-5)
+    with pytest.raises(ValueError, match="kind"):
+        output_axes(a, p, "none")  # none is no axes at all: training leaves the rotation out
 
 
 def test_the_prefix_ranking_loss_pulls_each_prefix_towards_the_full_lengths_ranking() -> None:
