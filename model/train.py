@@ -172,13 +172,13 @@ def output_axes(anchors: np.ndarray, positives: np.ndarray, kind: str) -> np.nda
     variance: the principal axes of all 2N rows, by variance. shared: the eigenvectors of the anchors' and
     positives' cross-covariance (symmetrised), by eigenvalue: the directions along which a text and its match move
     together come first, those along which they differ (noise to a search) last, however much they vary."""
+    both = np.concatenate([anchors, positives])  # (2N, C)
     if kind == "variance":
-        vectors = np.concatenate([anchors, positives])
-        _, _, vt = np.linalg.svd(vectors - vectors.mean(axis=0), full_matrices=False)  # vt: (C, C), rows by variance
+        _, _, vt = np.linalg.svd(both - both.mean(axis=0), full_matrices=False)  # vt: (C, C), rows by variance
         return vt.T.copy()
     if kind != "shared":
         raise ValueError(f"no output axes of kind {kind!r}")
-    both = np.concatenate([anchors, positives]).astype(np.float64)
+    both = both.astype(np.float64)
     a, p = np.split(both - both.mean(axis=0), 2)  # (N, C) each, centred on the mean of both
     shared = (a.T @ p + p.T @ a) / (2 * len(a))  # (C, C), symmetric: its eigenvectors are orthogonal
     values, vectors = np.linalg.eigh(shared)
