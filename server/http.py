@@ -146,11 +146,24 @@ def error_body(error: EmbedError) -> tuple[int, bytes]:
     return status, orjson.dumps(body)
 
 
-def _went_away(watch: asyncio.Future[Any]) -> bool:
-    """Whether a ``receive()`` awaited after the whole body has answered that the client disconnected."""
-    if not watch.done() or watch.cancelled() or watch.exception() is not None:
-        return False
-    return bool(watch.result().get("type") == "http.disconnect")
+class ConnectionRequests:
+    """The requests running for one connection (``scope[CONNECTION]``; the connection's protocol makes it): when the
+    client goes away they are cancelled, as gRPC cancels the call of a client that leaves, so that their queued
+    inputs are swept from the batcher and never computed. A request then ends as 499 (``Cancelled``)."""
+
+    __slots__ = ("lost", "running")
+
+    def __init__(self) -> None:
+        self.running: set[asyncio.Task[Any]] = set()
+        self.lost = False
+
+    def lose(self) -> None:
+        self.lost = True
+        for task in self.running:
+            task.cancel()
+
+
+CONNECTION = "embed.connection"  # the scope's key for its connection's ConnectionRequests
 
 
 @dataclass(frozen=True)
@@ -228,26 +241,40 @@ class HttpApi:
             return
         started = time.perf_counter()
         self.state.in_flight += 1
+        connection: ConnectionRequests | None = scope.get(CONNECTION)
+        task = asyncio.current_task()
+        if connection is not None and task is not None:
+            connection.running.add(task)
         try:
             self._authorize(scope)
             host, port = scope.get("client") or ("?", 0)
             client = f"http:{host}:{port}"
             status, body = await route(scope, receive, client)
         except asyncio.CancelledError:
-            raise
+            if connection is None or not connection.lost or task is None:
+                raise  # not the client's leaving: the server's own shutdown
+            task.uncancel()
+            status, body = self._refused(Cancelled("the client went away"), scope, label, request_id)
         except Exception as e:
-            domain = e if isinstance(e, EmbedError) else _internal(e, label)
-            self._count_refusal(domain, scope.get("embed.model", ""))
-            status, body = error_body(domain)
-            if status == 500:  # the failure itself is logged where it happened; this line names the request
-                log.warning("%s answered 500 to request %s: %s", label, request_id.decode(), domain)
+            status, body = self._refused(e, scope, label, request_id)
         finally:
             self.state.in_flight -= 1
+            if connection is not None:
+                connection.running.discard(task)  # type: ignore[arg-type]
         model = scope.get("embed.model", "")
         self.metrics.answered("http", label, str(status), model, time.perf_counter() - started)
         answer_headers: list[Header] = scope.get("embed.headers", []) if status == 200 else []
         answer_headers.append((REQUEST_ID, request_id))
         await _respond(send, status, body, self.state.draining, origin, answer_headers)
+
+    def _refused(self, error: Exception, scope: dict[str, Any], label: str, request_id: bytes) -> tuple[int, bytes]:
+        """A request's failure, counted, as its status and body."""
+        domain = error if isinstance(error, EmbedError) else _internal(error, label)
+        self._count_refusal(domain, scope.get("embed.model", ""))
+        status, body = error_body(domain)
+        if status == 500:  # the failure itself is logged where it happened; this line names the request
+            log.warning("%s answered 500 to request %s: %s", label, request_id.decode(), domain)
+        return status, body
 
     def _route(self, method: str, path: str) -> tuple[Route | None, str]:
         """The handler of a request, and its name in the metrics' method label."""
@@ -413,7 +440,7 @@ class HttpApi:
             if len(inputs) > model.pipeline.limits.max_client_batch_size:
                 # Within this block its body's places stay held (its memory is that of a call reading a
                 # body) until the last part is answered.
-                parts = await self._in_parts(call, inputs, receive)
+                parts = await self._in_parts(call, inputs)
             else:
                 tokenized = await self._tokenized(call, inputs)
         finally:
@@ -436,7 +463,7 @@ class HttpApi:
         except BadInput as e:  # the request's field (`input`), where gRPC's message names `inputs`
             raise ParamError(f"{call.field}[{first + e.index}] {e.problem}", call.field) from None
 
-    async def _in_parts(self, call: EmbedCall, inputs: list[Any], receive: Any) -> list[Embedded]:
+    async def _in_parts(self, call: EmbedCall, inputs: list[Any]) -> list[Embedded]:
         """A request over the pipeline's limit, as consecutive requests of that size: the same queue, fairness
         and refusals as separate requests, one part in the queue at a time. A client that goes away stops it."""
         pipeline = call.model.pipeline
@@ -449,20 +476,14 @@ class HttpApi:
                 validate(inputs[start : start + part], pipeline.limits)
         except BadInput as e:
             raise ParamError(f"{call.field}[{start + e.index}] {e.problem}", call.field) from None
-        gone = asyncio.ensure_future(receive())  # completes when the client disconnects
-        try:
-            answers = []
-            for start in starts:
-                if _went_away(gone):
-                    raise Cancelled("the client went away")
-                if texts:
-                    tokenized = await self._tokenized(call, inputs[start : start + part], start)
-                else:
-                    tokenized = Tokenized(rows[start : start + part], [], 0.0)
-                answers.append(await pipeline.compute(tokenized, call.normalize, None, call.client, call.dimensions))
-            return answers
-        finally:
-            gone.cancel()
+        answers = []
+        for start in starts:  # a client that goes away cancels this (ConnectionRequests): no later part starts
+            if texts:
+                tokenized = await self._tokenized(call, inputs[start : start + part], start)
+            else:
+                tokenized = Tokenized(rows[start : start + part], [], 0.0)
+            answers.append(await pipeline.compute(tokenized, call.normalize, None, call.client, call.dimensions))
+        return answers
 
     # ---- reading a request ------------------------------------------------------------------
     def _authorize(self, scope: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The HTTP/1.1 connection under the API: uvicorn's httptools protocol with a deadline on each request's
 headers, a bound on their size, errors in OpenAI's shape where uvicorn answers plain text, a drain that
-answers every request whose first bytes have arrived, one write per response, and a bound on the answers
-waiting for clients that do not read them."""
+answers every request whose first bytes have arrived, one write per response, a bound on the answers
+waiting for clients that do not read them, and the requests of a client that leaves cancelled."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import struct
 import termios
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.errors import EmbedError, InvalidInput, nearest_entry
-from server.http import REASON_FOR_ERROR, HeadersTimedOut, HeadTooLarge, error_body
+from server.http import CONNECTION, REASON_FOR_ERROR, ConnectionRequests, HeadersTimedOut, HeadTooLarge, error_body
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,10 @@ class ServingProtocol(HttpToolsProtocol):
 
     uvicorn writes a response's head and body in two writes, two sends on the socket; each request's cycle
     writes through ``OneWriteResponses`` instead, so a response leaves in one.
+
+    A connection that is lost cancels the requests running for it (``ConnectionRequests``), as gRPC cancels the
+    call of a client that leaves: their queued inputs are never computed. So that the loss is seen while a
+    request runs, the socket is read on once a request's body is whole.
 
     An answer its client does not take at once (the transport's buffer past its high-water mark: the
     connection is *stalled*) is reported to ``UnsentAnswers``, which bounds how long and how much of them the
@@ -80,6 +85,7 @@ class ServingProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._requests = ConnectionRequests()
         self._arm_header_timer()
 
     def on_message_begin(self) -> None:
@@ -96,10 +102,19 @@ class ServingProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is None or self.cycle is previous:  # no new request cycle (an upgrade refused)
             return
+        cast(dict[str, Any], self.cycle.scope)[CONNECTION] = self._requests  # a key of ours, not ASGI's
         if self._close_after_request:
             self.cycle.keep_alive = False
         if self.scope["method"] != "HEAD":  # a HEAD response has no body write to send the head with
             self.cycle.transport = OneWriteResponses(self.transport, self)  # type: ignore[assignment]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # The whole body is in. uvicorn stops reading the socket past 64 KiB of body and leaves it so while the
+        # request runs: a client that left would not be noticed (ConnectionRequests). Read on, unless uvicorn
+        # or this class holds reading back on purpose (a pipelined request queued, an answer not yet taken).
+        if not (self.cycle.response_complete or self.pipeline or self._next_request_waits or self.flow.write_paused):
+            self.flow.resume_reading()
 
     def shutdown(self) -> None:
         if self._receiving_headers:
@@ -109,6 +124,7 @@ class ServingProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._requests.lose()  # the client is gone: its running requests are cancelled, their queued inputs swept
         if self.unsent is not None:
             self.unsent.taken(self)
         super().connection_lost(exc)

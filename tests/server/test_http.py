@@ -299,14 +299,62 @@ def test_a_client_that_goes_away_stops_its_request_between_parts(in_parts: Serve
     with socket.create_connection(("127.0.0.1", in_parts.server.http_port)) as sock:
         sock.sendall(f"{head}\r\n\r\n".encode() + body)
         eventually(lambda: gate.held == 1, 10, "the first part at the backend")
-    # Released only once the server has lost the connection: the disconnect is then queued on its event loop
-    # ahead of the first part's result, whatever the machine's load.
-    connections = in_parts.server.http_server.server_state.connections
-    eventually(lambda: not connections, 10, "the server seeing the client go")
-    gate.release()  # the first part finishes, the next two never start
     requests = in_parts.server.metrics.requests
     eventually(lambda: counter(requests, "POST /v1/embeddings", "499") == 1, 10, "the request answered 499")
-    assert gate.batch_sizes == [4] and in_parts.server.admission.calls == 0
+    assert in_parts.server.admission.calls == 0  # at once, with its first part still at the backend
+    gate.release()  # the first part finishes unseen; the next two never start
+    assert post(in_parts, {"input": "after"}, token="").status_code == 200
+    assert gate.batch_sizes == [4, 1]
+
+
+def hold_event_loop(server: ServerThread, seconds: float) -> None:
+    """Blocks the server's event loop for ``seconds``; returns once it is blocked."""
+    held = threading.Event()
+
+    def hold() -> None:
+        held.set()
+        time.sleep(seconds)
+
+    server.loop.call_soon_threadsafe(hold)
+    assert held.wait(10), "the server's event loop never ran the hold"
+
+
+def test_a_client_that_goes_away_while_its_request_is_queued_has_nothing_computed(in_parts: ServerThread) -> None:
+    """As a cancelled gRPC call: the inputs of a client that has disconnected are swept from the queue at once,
+    never computed, counted as cancelled and answered (to nobody) 499."""
+    server = in_parts.server
+    gate = GatedBackend(server)
+    with httpx.Client(timeout=20) as http, ThreadPoolExecutor(1) as pool:
+        blocker = pool.submit(http.post, base_url(in_parts) + "/v1/embeddings", json={"input": "x"})
+        eventually(lambda: gate.held == 1, 10, "the blocker's batch at the backend")
+        doomed = []
+        for i in range(3):
+            body = json.dumps({"input": [f"{'long ' * 10} {i}"] * 2, "user": "u" * 100_000 * (i == 2)}).encode()
+            head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            sock = socket.create_connection(("127.0.0.1", server.http_port))
+            doomed.append(sock)
+            if i < 2:
+                sock.sendall(head + body)
+                continue
+            # The last body's 100 KB arrive in one read while the request waits for them: past 64 KiB of body
+            # uvicorn stops reading the socket, and a client that left would go unnoticed if reading stayed so.
+            eventually(lambda: server.batcher.queued_items == 4, 10, "the first two requests queued")
+            sock.sendall(head + body[:5])
+            eventually(lambda: server.admission.calls == 1, 10, "the third request reading its body")
+            hold_event_loop(in_parts, 0.5)  # while the rest arrives
+            sock.sendall(body[5:])
+        eventually(lambda: server.batcher.queued_items == 6, 10, "three requests of two inputs queued")
+        for sock in doomed:
+            sock.close()
+        eventually(lambda: server.batcher.queued_items == 0, 10, "the queue swept when the clients went away")
+        requests = server.metrics.requests
+        eventually(lambda: counter(requests, "POST /v1/embeddings", "499") == 3, 10, "three requests answered 499")
+        gate.release()
+        assert blocker.result(20).status_code == 200
+    assert post(in_parts, {"input": "after"}, token="").status_code == 200
+    assert gate.batch_sizes == [1, 1]  # "x" and "after": no input of a client that left reached the backend
+    assert counter(server.metrics.dropped_items, "cancelled") == 6
+    assert server.admission.calls == 0
 
 
 def test_a_bad_input_in_a_later_part_is_named_by_its_index_before_anything_is_computed(in_parts: ServerThread) -> None:
