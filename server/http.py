@@ -259,8 +259,8 @@ class HttpApi:
             status, body = self._refused(e, scope, label, request_id)
         finally:
             self.state.in_flight -= 1
-            if connection is not None:
-                connection.running.discard(task)  # type: ignore[arg-type]
+            if connection is not None and task is not None:
+                connection.running.discard(task)
         model = scope.get("embed.model", "")
         self.metrics.answered("http", label, str(status), model, time.perf_counter() - started)
         answer_headers: list[Header] = scope.get("embed.headers", []) if status == 200 else []
