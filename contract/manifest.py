@@ -19,6 +19,9 @@ SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}  # by precision
+# The fp32 graph with ONNX Runtime's fused Attention operator (export/attention_fusion.py): what the server's CPU
+# sessions run in place of model.onnx where the folder has it.
+CPU_MODEL_FILE = "model.cpu.onnx"
 
 
 class ManifestError(ValueError):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from contract.manifest import MODEL_FILES, TOKENIZER_FILE, Manifest, file_sha256
+from contract.manifest import CPU_MODEL_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest, file_sha256
+from export.attention_fusion import export_cpu_graph
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
 from export.torchscript import export_torchscript
@@ -50,7 +51,7 @@ def weights_digest(model: Encoder) -> str:
 def export_all(
     model_dir: Path | str, model_id: str = MODEL_ID, source: str = "trained here (make train)"
 ) -> tuple[Manifest, ParityReport]:
-    """Writes every artifact; the ParityReport is eager/TorchScript/ONNX (the gate), the manifest also
+    """Writes every artifact; the ParityReport is eager/TorchScript/ONNX/the CPU graph (the gate), the manifest also
     carries the int8/fp16 figures. model_id and source name where the weights came from."""
     model_dir = Path(model_dir)
     model, summary = load_checkpoint(model_dir / CHECKPOINT)
@@ -64,6 +65,7 @@ def export_all(
     with step(model_id, "TorchScript and ONNX"):
         export_torchscript(model, model_dir / TORCHSCRIPT_FILE)
         export_onnx(model, model_dir / ONNX_FILE)
+        export_cpu_graph(model_dir / ONNX_FILE, model_dir / CPU_MODEL_FILE, config.n_heads, config.n_layers)
     with step(model_id, "parity of eager PyTorch, TorchScript and ONNX Runtime"):
         report = verify_artifacts(model_dir)
     with step(model_id, "fp16 build; int8 builds, timed; both compared with fp32"):
@@ -75,7 +77,7 @@ def export_all(
         precision = precision_report(rows)
     triton = write_triton_repository(model_dir, model_id.rsplit("/", 1)[-1])  # a folder name: no owner/
 
-    files = [ONNX_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
+    files = [ONNX_FILE, CPU_MODEL_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
     manifest = Manifest(
         model_id=model_id,
         source=source,

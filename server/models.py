@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.manifest import MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest
+from contract.manifest import CPU_MODEL_FILE, MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
@@ -100,7 +100,8 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
     """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
     model_dir = Path(model_dir)
     manifest = Manifest.read(model_dir)  # FileNotFoundError, or ManifestError for another schema version
-    manifest.check_files(model_dir, [TOKENIZER_FILE, MODEL_FILES[config.precision]])  # the files opened below
+    # The files opened below: the precision's graph and, for fp32, the CPU sessions' (server/runtime.py).
+    manifest.check_files(model_dir, [TOKENIZER_FILE, MODEL_FILES[config.precision], CPU_MODEL_FILE])
     tokenizer = TextTokenizer(model_dir / TOKENIZER_FILE)
     options = RuntimeOptions(
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from contract.manifest import MODEL_FILES
+from contract.manifest import CPU_MODEL_FILE, MODEL_FILES
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,17 @@ def _providers_for(option: str) -> list[str | tuple[str, dict[str, str]]]:
     return [CPU]
 
 
+def cpu_model_path(model_dir: Path, precision: str) -> Path:
+    """The graph a CPU session runs: for fp32, ``model.cpu.onnx`` where the folder has it (each attention
+    block as ONNX Runtime's fused Attention kernel, the same outputs: export/attention_fusion.py), which ran
+    the served model's single-text HTTP load 7-20% faster than ``model.onnx`` (docs/performance.md);
+    otherwise the precision's own file. A GPU session runs the precision's own file."""
+    fused = model_dir / CPU_MODEL_FILE
+    if precision == "fp32" and fused.is_file():
+        return fused
+    return model_dir / MODEL_FILES[precision]
+
+
 def _open_session(
     path: Path, options: RuntimeOptions, threads: int, providers: list[str | tuple[str, dict[str, str]]]
 ) -> ort.InferenceSession:
@@ -205,12 +216,14 @@ class OnnxRuntime:
         path = Path(model_dir) / MODEL_FILES[options.precision]
         if not path.is_file():
             raise ModelNotFound(f"{path} not found: run `make export` (or point --model-dir at the artifacts)")
+        self.cpu_model_path = cpu_model_path(Path(model_dir), options.precision)
         wanted = _providers_for(options.provider)
         # onnxruntime-gpu lists CUDA even where CUDA/cuDNN are missing; asking for it there logs a
         # screen of errors before falling back. Silence the probe; get_providers() tells the truth.
         ort.set_default_logger_severity(4)
         try:
-            self.session = _open_session(path, options, options.intra_op_threads, wanted)
+            first = self.cpu_model_path if wanted == [CPU] else path
+            self.session = _open_session(first, options, options.intra_op_threads, wanted)
         finally:
             ort.set_default_logger_severity(2)
         self.providers: list[str] = self.session.get_providers()
@@ -219,12 +232,15 @@ class OnnxRuntime:
             raise ProviderUnavailable(
                 "--provider cuda asked, but the CUDA execution provider did not load (it needs CUDA 13 and cuDNN 9)"
             )
+        if self.provider == CPU and first != self.cpu_model_path:  # CUDA was asked for and did not load
+            self.session = _open_session(self.cpu_model_path, options, options.intra_op_threads, [CPU])
+            first = self.cpu_model_path
         if wanted != [CPU] and self.provider != CUDA:  # CUDA was asked for (auto) and did not load
             log.info("CUDA execution provider unavailable here; running on %s", self.provider)
         self.pad_id = pad_id
         self.precision = options.precision
         self.dim = int(self.session.get_outputs()[0].shape[1])
-        self.model_path = path
+        self.model_path = first  # the graph the main session runs
         self.options = options
         self.one_thread_session: ort.InferenceSession | None = None
         self.one_thread_batch_tokens = 0  # batches of at most this many padded tokens run on one thread
@@ -254,7 +270,7 @@ class OnnxRuntime:
         if tokens == 0 or (self.provider == CPU and threads == 1):
             self.one_thread_session, self.one_thread_batch_tokens = None, 0
             return 0
-        self.one_thread_session = _open_session(self.model_path, self.options, 1, [CPU])
+        self.one_thread_session = _open_session(self.cpu_model_path, self.options, 1, [CPU])
         if tokens < 0:
             tokens = self._measure_one_thread_limit(max_len)
         self.one_thread_batch_tokens = tokens

@@ -168,7 +168,8 @@ def test_the_image_with_a_model_builds_and_serves_what_make_run_does() -> None:
     assert "-m server --model $(ARTIFACTS) --model $(ARTIFACTS)/minilm" in makefile
     for source, folder in (("/src/artifacts/", "/models/"), ("/src/artifacts/minilm/", "/models/minilm/")):
         copy = next(line for line in image.splitlines() if line.startswith("COPY") and line.endswith(f" {folder}"))
-        assert {f"{source}{name}" for name in ("model.onnx", "tokenizer.json", "manifest.json")} <= set(copy.split())
+        served = ("model.onnx", "model.cpu.onnx", "tokenizer.json", "manifest.json")  # the CPU graph: runtime.py
+        assert {f"{source}{name}" for name in served} <= set(copy.split())
 
 
 def test_every_docker_run_shown_publishes_the_ports_clients_use() -> None:

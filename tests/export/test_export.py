@@ -21,6 +21,7 @@ def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
         assert entry["sha256"] == file_sha256(tiny_artifacts / name)
     assert set(manifest["files"]) == {
         "model.onnx",
+        "model.cpu.onnx",
         "model.torchscript.pt",
         "tokenizer.json",
         "model.int8.onnx",
@@ -30,6 +31,7 @@ def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
     assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["output"] == "embeddings"
     assert manifest["opset"] >= 18
     assert manifest["parity"]["passed"] is True
+    assert {"eager vs onnx", "eager vs onnx cpu graph", "onnx vs onnx cpu graph"} <= set(manifest["parity"]["pairs"])
     assert manifest["training"]["steps"] == 12
 
 

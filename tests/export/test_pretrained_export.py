@@ -26,7 +26,13 @@ def test_writes_the_artifact_contract_with_parity(exported: Path) -> None:
     assert manifest["model_id"] == "test/tiny-bert" and "pretrained checkpoint" in manifest["source"]
     assert manifest["max_length"] == MAX_SEQ_LENGTH and manifest["normalized"] is False
     assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["output"] == "embeddings"
-    assert set(manifest["files"]) >= {"model.onnx", "model.int8.onnx", "model.fp16.onnx", "tokenizer.json"}
+    assert set(manifest["files"]) >= {
+        "model.onnx",
+        "model.cpu.onnx",
+        "model.int8.onnx",
+        "model.fp16.onnx",
+        "tokenizer.json",
+    }
     parity = manifest["parity"]  # eager vs TorchScript vs ONNX Runtime, and each row alone vs in a padded batch
     assert parity["passed"] is True and parity["row_alone_max_abs"]
     assert manifest["precision"]["int8 vs fp32"]["passes"]
@@ -42,9 +48,10 @@ def padded_batch(tokenizer_json: Path) -> tuple[np.ndarray, np.ndarray]:
     return ids, np.array([e.attention_mask for e in encodings], dtype=np.int64)
 
 
-def test_onnx_model_equals_the_reference_bert(exported: Path, tiny_bert: Path) -> None:
+@pytest.mark.parametrize("graph", ["model.onnx", "model.cpu.onnx"])
+def test_onnx_model_equals_the_reference_bert(exported: Path, tiny_bert: Path, graph: str) -> None:
     ids, mask = padded_batch(exported / "tokenizer.json")
-    session = ort.InferenceSession(str(exported / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(exported / graph), providers=["CPUExecutionProvider"])
     (ours,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
     theirs = reference_embeddings(tiny_bert, torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     assert float(np.abs(ours - theirs).max()) <= 1e-4

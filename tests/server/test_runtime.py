@@ -206,3 +206,41 @@ def test_the_longest_text_that_runs_within_a_time_alone_is_measured_up_to_the_mo
     assert runtime.tokens_within_alone(10.0, max_len=16) == 0  # never a text that runs on the GPU
     runtime.use_one_thread_up_to(8, max_len=16)
     assert runtime.tokens_within_alone(10.0, max_len=16) == 8  # only what the one-thread CPU session takes
+
+
+def with_cpu_graph(tiny_artifacts: Path, folder: Path) -> Path:
+    """tiny_artifacts plus a model.cpu.onnx with other weights, so each output says which graph ran it."""
+    import onnx
+
+    from tests.onnx_tiny import encoder_graph
+
+    shutil.copytree(tiny_artifacts, folder, dirs_exist_ok=True)
+    plain = onnx.load(folder / "model.onnx")
+    vocab, dim = (int(d) for d in onnx.numpy_helper.to_array(plain.graph.initializer[0]).shape)
+    onnx.save(encoder_graph(vocab, dim, seed=7), folder / "model.cpu.onnx")
+    return folder
+
+
+def outputs_of(path: Path, ids: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(["embeddings"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0])
+
+
+def test_cpu_sessions_run_the_cpu_graph_where_the_folder_has_one(tiny_artifacts: Path, tmp_path: Path) -> None:
+    folder = with_cpu_graph(tiny_artifacts, tmp_path / "model")
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12]], dtype=np.int64)
+    fused, plain = outputs_of(folder / "model.cpu.onnx", ids), outputs_of(folder / "model.onnx", ids)
+    assert np.abs(fused - plain).max() > 1e-3  # the two graphs tell themselves apart
+    for provider in ("cpu", "auto"):  # auto: CUDA asked for first; where it does not load, the CPU graph
+        runtime = OnnxRuntime(folder, RuntimeOptions(provider=provider, intra_op_threads=2), pad_id=0)
+        expected = fused if runtime.provider == "CPUExecutionProvider" else plain
+        np.testing.assert_allclose(runtime.run(ids, np.ones_like(ids)), expected, atol=1e-6)
+        assert runtime.use_one_thread_up_to(8, max_len=16) == 8  # the small batch below runs there
+        np.testing.assert_allclose(runtime.run(ids, np.ones_like(ids)), fused, atol=1e-6)
+    int8 = OnnxRuntime(folder, RuntimeOptions(provider="cpu", precision="int8"), pad_id=0)
+    assert int8.model_path.name == int8.cpu_model_path.name == "model.int8.onnx"  # fp32 only
+    without = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu"), pad_id=0)
+    assert without.model_path.name == without.cpu_model_path.name == "model.onnx"
+    np.testing.assert_allclose(without.run(ids, np.ones_like(ids)), plain, atol=1e-6)
