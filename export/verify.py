@@ -21,7 +21,7 @@ import onnxruntime as ort
 import torch
 from tqdm import tqdm
 
-from contract.manifest import CPU_MODEL_FILE
+from contract.manifest import CPU_DISABLED_OPTIMIZERS, CPU_MODEL_FILE
 
 MAX_ABS_BAR = 1e-5
 COSINE_BAR = 0.99999
@@ -144,22 +144,26 @@ def torch_backend(module: torch.nn.Module | torch.jit.ScriptModule) -> Backend:
     return run
 
 
-def cpu_session(path: Path | str) -> ort.InferenceSession:
+def cpu_session(path: Path | str, disabled_optimizers: Sequence[str] = ()) -> ort.InferenceSession:
     """An ONNX Runtime CPU session whose threads sleep between runs, as the server's do by default. The export
     runs several sessions in turn on the same cores (the checks, the int8 builds' timing): threads busy-waiting
     after one session's run take the cores of the next, and would time each int8 build with its neighbours'
     spinning (docs/decisions/0012). Denormals are flushed to zero, as the server's sessions flush them
-    (docs/decisions/0003), so the builds are checked and timed as they will be served."""
+    (docs/decisions/0003), so the builds are checked and timed under the arithmetic they are served with.
+    ``disabled_optimizers``: ONNX Runtime fusions to go without; the int8 builds are timed with all of them, so that
+    a serving setting does not pick the distillation teacher (docs/decisions/0027)."""
     options = ort.SessionOptions()  # graph optimisations: all, ONNX Runtime's default
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers)
+    )
 
 
-def onnx_backend(path: Path | str) -> Backend:
-    session = cpu_session(path)
+def onnx_backend(path: Path | str, disabled_optimizers: Sequence[str] = ()) -> Backend:
+    session = cpu_session(path, disabled_optimizers)
 
     def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
@@ -232,8 +236,8 @@ def verify_artifacts(model_dir: Path | str) -> ParityReport:
         "torchscript": torch_backend(load_torchscript(model_dir / "model.torchscript.pt")),
         "onnx": onnx_backend(model_dir / "model.onnx"),
     }
-    if (model_dir / CPU_MODEL_FILE).is_file():  # the graph the server's CPU sessions run
-        backends["onnx cpu graph"] = onnx_backend(model_dir / CPU_MODEL_FILE)
+    if (model_dir / CPU_MODEL_FILE).is_file():  # the graph the server's CPU sessions run, opened as they open it
+        backends["onnx cpu graph"] = onnx_backend(model_dir / CPU_MODEL_FILE, CPU_DISABLED_OPTIMIZERS)
     config = model.config
     return verify(backends, config.vocab_size, config.pad_id, config.max_len)
 

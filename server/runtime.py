@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from contract.manifest import CPU_MODEL_FILE, MODEL_FILES
+from contract.manifest import CPU_DISABLED_OPTIMIZERS, CPU_MODEL_FILE, MODEL_FILES
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,8 @@ def _open_session(
     session_options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     session_options.add_session_config_entry("session.inter_op.allow_spinning", spin)
     session_options.add_session_config_entry("session.set_denormal_as_zero", "1")
-    return ort.InferenceSession(str(path), session_options, providers=providers)
+    disabled = list(CPU_DISABLED_OPTIMIZERS) if providers == [CPU] else []
+    return ort.InferenceSession(str(path), session_options, providers=providers, disabled_optimizers=disabled)
 
 
 class OnnxRuntime:

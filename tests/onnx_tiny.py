@@ -104,3 +104,43 @@ def build(
         files=files,
     ).write(out_dir)
     return out_dir
+
+
+def residual_then_norm(path: Path) -> Path:
+    """A residual Add and the LayerNormalization after it, which ONNX Runtime's SkipLayerNormFusion makes one
+    SkipLayerNormalization node unless a session is opened without it."""
+    dims = ["batch", "sequence", 8]
+    nodes = [
+        helper.make_node("Add", ["x", "residual"], ["summed"]),
+        helper.make_node("LayerNormalization", ["summed", "scale", "shift"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual_then_norm",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims) for name in ("x", "residual")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+        [
+            numpy_helper.from_array(np.ones(8, dtype=np.float32), "scale"),
+            numpy_helper.from_array(np.zeros(8, dtype=np.float32), "shift"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="tests.onnx_tiny")
+    model.ir_version = 9
+    onnx.save(model, path)
+    return path
+
+
+def optimized_op_types(monkeypatch, written: Path, module, open_session) -> list[str]:  # type: ignore[no-untyped-def]
+    """The operators of the graph ``open_session()`` gets from ONNX Runtime's optimiser: every SessionOptions
+    that ``module`` makes meanwhile writes its optimised graph to ``written``."""
+    import onnxruntime as ort
+
+    class WritingOptions(ort.SessionOptions):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.optimized_model_filepath = str(written)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module.ort, "SessionOptions", WritingOptions)
+        open_session()
+    return [node.op_type for node in onnx.load(str(written)).graph.node]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,33 @@ def test_the_exports_sessions_sleep_between_runs_and_flush_denormals_as_served(t
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
+
+
+def test_the_cpu_graph_is_checked_as_the_server_runs_it_and_the_int8_builds_timed_with_every_fusion(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parity of model.cpu.onnx goes without the fusions the server's CPU sessions leave out; the int8 builds'
+    timing (cpu_session's default) keeps ONNX Runtime's, so a serving setting does not pick the teacher (0027)."""
+    from export import verify
+    from tests.onnx_tiny import optimized_op_types, residual_then_norm
+
+    opened: dict[str, tuple[str, ...]] = {}
+    real = verify.cpu_session
+
+    def recording(path: Path | str, disabled_optimizers: Sequence[str] = ()) -> ort.InferenceSession:
+        opened[Path(path).name] = tuple(disabled_optimizers)
+        return real(path, disabled_optimizers)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "cpu_session", recording)
+        patch.setattr(verify, "verify", lambda *args, **kwargs: None)  # the sessions are what is checked here
+        verify.verify_artifacts(tiny_artifacts)
+    assert opened == {"model.onnx": (), "model.cpu.onnx": ("SkipLayerNormFusion",)}
+
+    graph, written = residual_then_norm(tmp_path / "graph.onnx"), tmp_path / "optimized.onnx"
+    as_served = optimized_op_types(monkeypatch, written, verify, lambda: real(graph, ("SkipLayerNormFusion",)))
+    assert as_served == ["Add", "LayerNormalization"]
+    assert optimized_op_types(monkeypatch, written, verify, lambda: real(graph)) == ["SkipLayerNormalization"]
 
 
 def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Path) -> None:

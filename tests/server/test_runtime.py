@@ -244,3 +244,20 @@ def test_cpu_sessions_run_the_cpu_graph_where_the_folder_has_one(tiny_artifacts:
     without = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu"), pad_id=0)
     assert without.model_path.name == without.cpu_model_path.name == "model.onnx"
     np.testing.assert_allclose(without.run(ids, np.ones_like(ids)), plain, atol=1e-6)
+
+
+def test_cpu_sessions_go_without_the_skip_layer_norm_fusion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's CPU SkipLayerNormalization kernel ran both exported models slower than the residual Add and
+    the LayerNormalization it replaces (decisions/0027); a session that may run on CUDA keeps the fusion."""
+    from server import runtime
+    from tests.onnx_tiny import optimized_op_types, residual_then_norm
+
+    graph, written = residual_then_norm(tmp_path / "graph.onnx"), tmp_path / "optimized.onnx"
+
+    def ops_on(providers: list) -> list[str]:  # type: ignore[type-arg]
+        return optimized_op_types(
+            monkeypatch, written, runtime, lambda: runtime._open_session(graph, RuntimeOptions(), 1, providers)
+        )
+
+    assert ops_on([runtime.CPU]) == ["Add", "LayerNormalization"]
+    assert ops_on([(runtime.CUDA, runtime.CUDA_OPTIONS), runtime.CPU]) == ["SkipLayerNormalization"]
