@@ -107,6 +107,7 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
     )
     runtime = OnnxRuntime(model_dir, options, pad_id=manifest.pad_id)
+    log.info("%s: %s on %s", manifest.model_id, runtime.model_path.name, runtime.provider)
     one_thread = runtime.use_one_thread_up_to(config.one_thread_batch_tokens, tokenizer.max_length)
     if one_thread:
         log.info("%s: batches of at most %d padded tokens run on one thread", manifest.model_id, one_thread)

@@ -185,9 +185,8 @@ def _providers_for(option: str) -> list[str | tuple[str, dict[str, str]]]:
 
 def cpu_model_path(model_dir: Path, precision: str) -> Path:
     """The graph a CPU session runs: for fp32, ``model.cpu.onnx`` where the folder has it (each attention
-    block as ONNX Runtime's fused Attention kernel, the same outputs: export/attention_fusion.py), which ran
-    the served model's single-text HTTP load 7-20% faster than ``model.onnx`` (docs/performance.md);
-    otherwise the precision's own file. A GPU session runs the precision's own file."""
+    block as ONNX Runtime's fused Attention kernel, the same outputs: export/attention_fusion.py; why:
+    docs/decisions/0026); otherwise the precision's own file, which a GPU session runs too."""
     fused = model_dir / CPU_MODEL_FILE
     if precision == "fp32" and fused.is_file():
         return fused
@@ -233,7 +232,7 @@ class OnnxRuntime:
             raise ProviderUnavailable(
                 "--provider cuda asked, but the CUDA execution provider did not load (it needs CUDA 13 and cuDNN 9)"
             )
-        if self.provider == CPU and first != self.cpu_model_path:  # CUDA was asked for and did not load
+        if self.provider == CPU and wanted != [CPU]:  # CUDA was asked for and did not load: opened as a CPU session
             self.session = _open_session(self.cpu_model_path, options, options.intra_op_threads, [CPU])
             first = self.cpu_model_path
         if wanted != [CPU] and self.provider != CUDA:  # CUDA was asked for (auto) and did not load
