@@ -9,7 +9,8 @@ whose patterns are BERT's as Hugging Face exports it. This rewrite puts that ker
 block, after checking that the block computes exactly what the kernel does:
 
     softmax(Q K^T / scale + (attention_mask == 0) * mask_value) V, heads side by side again,
-    with Q, K, V the three equal parts of x @ W + b along the last axis, split into ``num_heads`` heads.
+    with Q, K, V the three equal parts of x @ W + b along the last axis, each reshaped to ``num_heads`` heads
+    of C / num_heads and the scale sqrt(C / num_heads).
 
 A block that differs in any part (another scale, a mask from elsewhere, an intermediate read by another
 node) is left as it is, and the caller decides what that means. Every value stays fp32 and the kernel runs
@@ -77,13 +78,31 @@ class _Block:
     nodes: tuple[onnx.NodeProto, ...]  # replaced, from the Q/K/V product to the last reshape
 
 
-def _heads(g: _Graph, name: str, perm: list[int]) -> tuple[str, list[onnx.NodeProto]] | None:
-    """``name`` made by Transpose(perm) of a Reshape: the reshaped value and the two nodes."""
+def _last_dims(g: _Graph, shape: str, count: int) -> list[int] | None:
+    """The last ``count`` entries of a Reshape's target shape, where they are constants: the shape itself a
+    constant, or the Concat of pieces whose last ones are (the exporter's (B, T, ...) with B and T read at run
+    time)."""
+    if shape in g.constants:
+        return [int(v) for v in g.constants[shape].ravel().tolist()[-count:]]
+    concat = g.made_by(shape, "Concat")
+    if concat is None:
+        return None
+    dims: list[int] = []
+    for piece in reversed(concat.input):
+        value = g.constants.get(piece)
+        if value is None:
+            break
+        dims[:0] = [int(v) for v in value.ravel().tolist()]
+    return dims[-count:] if len(dims) >= count else None
+
+
+def _heads(g: _Graph, name: str, perm: list[int], heads: list[int]) -> tuple[str, list[onnx.NodeProto]] | None:
+    """``name`` made by Transpose(perm) of a Reshape to (B, T, *heads): the reshaped value and the two nodes."""
     transpose = g.made_by(name, "Transpose")
     if transpose is None or list(_attribute(transpose, "perm") or []) != perm:  # type: ignore[call-overload]
         return None
     reshape = g.made_by(transpose.input[0], "Reshape")
-    if reshape is None:
+    if reshape is None or _last_dims(g, reshape.input[1], 2) != heads:
         return None
     return reshape.input[0], [reshape, transpose]
 
@@ -134,8 +153,10 @@ def _block(g: _Graph, softmax: onnx.NodeProto, num_heads: int) -> _Block | None:
     weighted = readers[0]
     if weighted.input[0] != softmax.output[0]:
         return None
-    q, k = _heads(g, product.input[0], HEADS_FIRST), _heads(g, product.input[1], KEYS_TRANSPOSED)
-    v = _heads(g, weighted.input[1], HEADS_FIRST)
+    head_size = round(scale**2)  # the scale is sqrt(head size), checked against the weight's width below
+    heads = [num_heads, head_size]
+    q, k = _heads(g, product.input[0], HEADS_FIRST, heads), _heads(g, product.input[1], KEYS_TRANSPOSED, heads)
+    v = _heads(g, weighted.input[1], HEADS_FIRST, heads)
     if q is None or k is None or v is None:
         return None
     split = g.made_by(q[0], "Split")
@@ -167,7 +188,7 @@ def _block(g: _Graph, softmax: onnx.NodeProto, num_heads: int) -> _Block | None:
     if len(back) != 1 or back[0].op_type != "Transpose" or list(_attribute(back[0], "perm") or []) != HEADS_FIRST:  # type: ignore[call-overload]
         return None
     merge = g.readers.get(back[0].output[0], [])
-    if len(merge) != 1 or merge[0].op_type != "Reshape":
+    if len(merge) != 1 or merge[0].op_type != "Reshape" or _last_dims(g, merge[0].input[1], 1) != [width]:
         return None
     nodes = (matmul, bias_add, split, *q[1], *k[1], *v[1], product, divide, add, softmax, weighted, back[0], merge[0])
     members = {id(node) for node in nodes}

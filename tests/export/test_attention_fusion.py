@@ -82,6 +82,19 @@ def test_a_block_that_computes_anything_else_is_left_as_it_is(tiny_artifacts: Pa
     )
     assert fuse_attention(other_scale, HEADS)[1] == 0
 
+    other_heads = onnx.ModelProto()
+    other_heads.CopyFrom(exported)
+    producers = {out: node for node in other_heads.graph.node for out in node.output}
+    split_shape = next(
+        producers[n.input[1]]
+        for n in other_heads.graph.node
+        if n.op_type == "Reshape" and len(producers[n.input[1]].input) == 4
+    )  # (B, T, heads, head size): the Q/K/V parts' shape
+    heads, head_size = split_shape.input[2], split_shape.input[3]
+    set_initializer(other_heads, heads, np.array([HEADS * 2]))  # the same scale, the width cut otherwise
+    set_initializer(other_heads, head_size, np.array([TINY_MODEL["d_model"] // (HEADS * 2)]))
+    assert fuse_attention(other_heads, HEADS)[1] == 0
+
     other_mask = onnx.ModelProto()
     other_mask.CopyFrom(exported)
     equal = next(n for n in other_mask.graph.node if n.op_type == "Equal")
