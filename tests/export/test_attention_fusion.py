@@ -85,13 +85,11 @@ def test_a_block_that_computes_anything_else_is_left_as_it_is(tiny_artifacts: Pa
     other_heads = onnx.ModelProto()
     other_heads.CopyFrom(exported)
     producers = {out: node for node in other_heads.graph.node for out in node.output}
-    split_shape = next(
-        producers[n.input[1]]
-        for n in other_heads.graph.node
-        if n.op_type == "Reshape" and len(producers[n.input[1]].input) == 4
-    )  # (B, T, heads, head size): the Q/K/V parts' shape
+    shapes = [producers.get(n.input[1]) for n in other_heads.graph.node if n.op_type == "Reshape"]
+    split_shape = next(p for p in shapes if p is not None and len(p.input) == 4)  # (B, T, heads, head size)
     heads, head_size = split_shape.input[2], split_shape.input[3]
-    set_initializer(other_heads, heads, np.array([HEADS * 2]))  # the same scale, the width cut otherwise
+    # Twice the heads of half the size: the same width and the same scale constant, other attention.
+    set_initializer(other_heads, heads, np.array([HEADS * 2]))
     set_initializer(other_heads, head_size, np.array([TINY_MODEL["d_model"] // (HEADS * 2)]))
     assert fuse_attention(other_heads, HEADS)[1] == 0
 
