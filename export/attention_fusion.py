@@ -37,7 +37,6 @@ class _Graph:
     """Who makes and who reads each value, and the constants' values."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
         self.producer = {out: node for node in graph.node for out in node.output}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:

@@ -30,6 +30,7 @@ SEQUENCE_LENGTHS = (1, 2, 17, 128)  # plus the model's max length
 # The random batches' seed. The int8 builds are compared with fp32 on the same batches, and the kept build
 # can depend on them (two builds' mean cosines differ in the fifth digit: docs/decisions/0012).
 BATCH_SEED = 99
+CPU_GRAPH = "onnx cpu graph"  # the parity report's name for model.cpu.onnx, opened as the server opens it
 ROWS_ALONE_PER_CASE = 8  # rows re-run one by one per case; all of them for batches up to this size
 
 Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -198,7 +199,7 @@ def verify(
             case.update(outputs[a], outputs[b])
             report.pairs[f"{a} vs {b}"].update(outputs[a], outputs[b])
             report.cases.append({"batch": batch, "sequence": sequence, "pair": f"{a} vs {b}", **asdict(case)})
-        for name in ("eager", "onnx", "onnx cpu graph"):
+        for name in ("eager", "onnx", CPU_GRAPH):
             if name in backends:
                 worst = row_alone_max_abs(backends[name], ids, mask, outputs[name], rows_rng)
                 report.row_alone_max_abs[name] = max(report.row_alone_max_abs.get(name, 0.0), worst)
@@ -237,7 +238,7 @@ def verify_artifacts(model_dir: Path | str) -> ParityReport:
         "onnx": onnx_backend(model_dir / "model.onnx"),
     }
     if (model_dir / CPU_MODEL_FILE).is_file():  # the graph the server's CPU sessions run, opened as they open it
-        backends["onnx cpu graph"] = onnx_backend(model_dir / CPU_MODEL_FILE, CPU_DISABLED_OPTIMIZERS)
+        backends[CPU_GRAPH] = onnx_backend(model_dir / CPU_MODEL_FILE, CPU_DISABLED_OPTIMIZERS)
     config = model.config
     return verify(backends, config.vocab_size, config.pad_id, config.max_len)
 

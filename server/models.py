@@ -11,12 +11,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.manifest import CPU_MODEL_FILE, MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest
+from contract.manifest import MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
 from server.pipeline import Pipeline
-from server.runtime import OnnxRuntime, RuntimeOptions
+from server.runtime import OnnxRuntime, RuntimeOptions, cpu_model_path
 from server.tokenize import TextTokenizer
 
 VERSION = "0.1.0"
@@ -100,8 +100,9 @@ def load_model(model_dir: str | Path, config: ServerConfig, name: str | None = N
     """Blocking: reads the artifacts, opens the ONNX Runtime session and warms it up."""
     model_dir = Path(model_dir)
     manifest = Manifest.read(model_dir)  # FileNotFoundError, or ManifestError for another schema version
-    # The files opened below: the precision's graph and, for fp32, the CPU sessions' (server/runtime.py).
-    manifest.check_files(model_dir, [TOKENIZER_FILE, MODEL_FILES[config.precision], CPU_MODEL_FILE])
+    # The files opened below: the precision's graph and the one CPU sessions run (the same but for fp32).
+    opened = {MODEL_FILES[config.precision], cpu_model_path(model_dir, config.precision).name}
+    manifest.check_files(model_dir, [TOKENIZER_FILE, *sorted(opened)])
     tokenizer = TextTokenizer(model_dir / TOKENIZER_FILE)
     options = RuntimeOptions(
         config.provider, config.precision, config.intra_op_threads, spinning=config.intra_op_spinning
