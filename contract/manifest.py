@@ -28,6 +28,16 @@ CPU_MODEL_FILE = "model.cpu.onnx"
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
+def cpu_model_path(model_dir: Path, precision: str) -> Path:
+    """The graph a CPU session runs: for fp32, ``model.cpu.onnx`` where the folder has it (each attention
+    block as ONNX Runtime's fused Attention kernel, the same outputs: export/attention_fusion.py; why:
+    docs/decisions/0026); otherwise the precision's own file, which a GPU session runs too."""
+    fused = model_dir / CPU_MODEL_FILE
+    if precision == "fp32" and fused.is_file():
+        return fused
+    return model_dir / MODEL_FILES[precision]
+
+
 class ManifestError(ValueError):
     """A manifest this code cannot read: another schema version, a missing field, a wrong type."""
 

@@ -22,7 +22,7 @@ import onnx
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 from tqdm import tqdm
 
-from contract.manifest import MODEL_FILES
+from contract.manifest import CPU_DISABLED_OPTIMIZERS, MODEL_FILES, cpu_model_path
 from export.verify import INT8_MEAN_COSINE_BAR, ReferenceBatch, cpu_session, row_cosines_against_fp32
 
 INT8_FILE = MODEL_FILES["int8"]
@@ -46,8 +46,9 @@ def time_models(
     """Median seconds per batch on the CPU of each model, for one random batch of the given shape. The
     models take turns, one timed run each per round: a slow spell of the machine then slows every model
     alike instead of the one timed during it. Each turn times a model's second run, its weights back in
-    the caches as when it serves alone."""
-    sessions = {name: cpu_session(path) for name, path in paths.items()}
+    the caches as when it serves alone. Each session is opened as the server opens a CPU session (without the
+    fusions it leaves out, docs/decisions/0027): the build kept is the fastest as served."""
+    sessions = {name: cpu_session(path, CPU_DISABLED_OPTIMIZERS) for name, path in paths.items()}
     rng = np.random.default_rng(seed)
     ids = rng.integers(4, min(1000, vocab_size), size=(batch, sequence), dtype=np.int64)
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
@@ -115,7 +116,8 @@ def export_int8(
     kept int8 build and for every build in compare_also."""
     assert reference, "no fp32 outputs to compare the builds with: the parity check keeps them"
     sequence = min(TIMING_SEQUENCE, max_len)
-    fp32 = model_dir / "model.onnx"
+    fp32 = model_dir / MODEL_FILES["fp32"]  # quantized from; timed as the server runs fp32 on the CPU
+    served_fp32 = cpu_model_path(model_dir, "fp32")
     compare_also = compare_also or {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
@@ -134,7 +136,7 @@ def export_int8(
             candidates["optimized+quantized"] = _quantize(optimized_prepared, tmp_dir / "optimized.int8.onnx")
         except Exception as e:  # the optimizer is best-effort; the plain quantized model always works
             logging.getLogger(__name__).warning("transformer optimizer failed (%s); using plain quantization", e)
-        timings = time_models({**candidates, "fp32": fp32}, sequence=sequence, vocab_size=vocab_size)
+        timings = time_models({**candidates, "fp32": served_fp32}, sequence=sequence, vocab_size=vocab_size)
         fp32_seconds = timings.pop("fp32")
         builds = {**candidates, **compare_also}
         compared = row_cosines_against_fp32(reference, list(builds.values()))

@@ -151,8 +151,8 @@ def cpu_session(path: Path | str, disabled_optimizers: Sequence[str] = ()) -> or
     after one session's run take the cores of the next, and would time each int8 build with its neighbours'
     spinning (docs/decisions/0012). Denormals are flushed to zero, as the server's sessions flush them
     (docs/decisions/0003), so the builds are checked and timed under the arithmetic they are served with.
-    ``disabled_optimizers``: ONNX Runtime fusions to go without; the int8 builds are timed with all of them, so that
-    a serving setting does not pick the distillation teacher (docs/decisions/0027)."""
+    ``disabled_optimizers``: ONNX Runtime fusions to go without, as the server's CPU sessions go without
+    CPU_DISABLED_OPTIMIZERS (docs/decisions/0027)."""
     options = ort.SessionOptions()  # graph optimisations: all, ONNX Runtime's default
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -11,12 +11,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.manifest import MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest
+from contract.manifest import MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest, cpu_model_path
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
 from server.pipeline import Pipeline
-from server.runtime import OnnxRuntime, RuntimeOptions, cpu_model_path
+from server.runtime import OnnxRuntime, RuntimeOptions
 from server.tokenize import TextTokenizer
 
 VERSION = "0.1.0"

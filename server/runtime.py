@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from contract.manifest import CPU_DISABLED_OPTIMIZERS, CPU_MODEL_FILE, MODEL_FILES
+from contract.manifest import CPU_DISABLED_OPTIMIZERS, MODEL_FILES, cpu_model_path
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +181,6 @@ def _providers_for(option: str) -> list[str | tuple[str, dict[str, str]]]:
     if option == "cuda":
         raise RuntimeError(f"--provider cuda asked, but this onnxruntime offers {ort.get_available_providers()}")
     return [CPU]
-
-
-def cpu_model_path(model_dir: Path, precision: str) -> Path:
-    """The graph a CPU session runs: for fp32, ``model.cpu.onnx`` where the folder has it (each attention
-    block as ONNX Runtime's fused Attention kernel, the same outputs: export/attention_fusion.py; why:
-    docs/decisions/0026); otherwise the precision's own file, which a GPU session runs too."""
-    fused = model_dir / CPU_MODEL_FILE
-    if precision == "fp32" and fused.is_file():
-        return fused
-    return model_dir / MODEL_FILES[precision]
 
 
 def _open_session(

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 import model.distill
-from contract.manifest import Manifest
+from contract.manifest import CPU_DISABLED_OPTIMIZERS, Manifest
 from model.checkpoint import encode_texts
 from model.distill import (
     cache_key,
@@ -180,19 +180,34 @@ def test_teacher_choice(tmp_path: Path) -> None:
     assert not (tmp_path / "minilm").exists()
 
 
-def test_the_teacher_cache_is_keyed_by_the_int8_build_the_export_kept(
-    tiny_bert_artifacts: Path, tmp_path: Path
+def test_the_teacher_runs_fp32_on_the_cpu_graph_as_a_cpu_server_runs_it(
+    tiny_bert_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its targets do not follow which int8 build an export's timing kept (docs/decisions/0028)."""
+    import onnxruntime as ort
+
+    opened: list[tuple[str, tuple[str, ...]]] = []
+    real = ort.InferenceSession
+
+    def recording(path: str, options: object, providers: list[str], disabled_optimizers: list[str]) -> object:
+        opened.append((Path(path).name, tuple(disabled_optimizers)))
+        return real(path, options, providers=providers, disabled_optimizers=disabled_optimizers)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    teacher_embeddings(tiny_bert_artifacts, ["a text", "another text"], tmp_path / "cache")
+    assert opened == [("model.cpu.onnx", CPU_DISABLED_OPTIMIZERS)]
+
+
+def test_the_teacher_cache_is_keyed_by_the_file_the_teacher_runs(tiny_bert_artifacts: Path, tmp_path: Path) -> None:
     teacher = tmp_path / "teacher"
     shutil.copytree(tiny_bert_artifacts, teacher)
-    before = cache_key(teacher, ["a text"], 32, "int8", "float16")
     manifest = Manifest.read(teacher)
-    other_build = {**manifest.files, "model.int8.onnx": "0" * 64}  # another candidate kept by another export
-    replace(manifest, files=other_build).write(teacher)
-    assert cache_key(teacher, ["a text"], 32, "int8", "float16") != before
-    assert cache_key(teacher, ["a text"], 32, "fp32", "float16") == cache_key(
-        tiny_bert_artifacts, ["a text"], 32, "fp32", "float16"
-    )
+    before = {precision: cache_key(teacher, ["a text"], 32, precision, "float16") for precision in ("fp32", "int8")}
+    replace(manifest, files={**manifest.files, "model.int8.onnx": "0" * 64}).write(teacher)  # another int8 build
+    assert cache_key(teacher, ["a text"], 32, "int8", "float16") != before["int8"]
+    assert cache_key(teacher, ["a text"], 32, "fp32", "float16") == before["fp32"]
+    replace(manifest, files={**manifest.files, "model.cpu.onnx": "0" * 64}).write(teacher)  # another fp32 graph
+    assert cache_key(teacher, ["a text"], 32, "fp32", "float16") != before["fp32"]
 
 
 def test_a_cache_write_cut_short_leaves_no_file_a_repeat_run_would_trust(
