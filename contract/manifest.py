@@ -26,6 +26,10 @@ CPU_MODEL_FILE = "model.cpu.onnx"
 # CPU SkipLayerNormalization kernel (a residual Add fused into the LayerNormalization after it) ran both exported
 # models 3-20% slower than the two operators it replaces (docs/decisions/0027-no-skip-layer-norm-fusion-on-the-cpu.md).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+# The int8 build a distillation runs as its teacher (model/distill.py): the transformer optimizer's graph with
+# per-channel int8 weights (TEACHER_BUILD in export/quantize.py), whichever build the server's timing keeps as
+# model.int8.onnx. The student's recipe was measured on this build's targets (docs/decisions/0028).
+TEACHER_FILE = "model.teacher.int8.onnx"
 
 
 def cpu_model_path(model_dir: Path, precision: str) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from contract.manifest import CPU_MODEL_FILE, MODEL_FILES, TOKENIZER_FILE, Manifest, file_sha256
+from contract.manifest import CPU_MODEL_FILE, MODEL_FILES, TEACHER_FILE, TOKENIZER_FILE, Manifest, file_sha256
 from export.attention_fusion import export_cpu_graph
 from export.onnx_export import INPUT_NAMES, OUTPUT_NAME, export_onnx, onnx_opset
 from export.quantize import FP16_FILE, INT8_FILE, export_fp16, export_int8
@@ -77,7 +77,7 @@ def export_all(
         precision = precision_report(rows)
     triton = write_triton_repository(model_dir, model_id.rsplit("/", 1)[-1])  # a folder name: no owner/
 
-    files = [ONNX_FILE, CPU_MODEL_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, FP16_FILE]
+    files = [ONNX_FILE, CPU_MODEL_FILE, TORCHSCRIPT_FILE, TOKENIZER_FILE, INT8_FILE, TEACHER_FILE, FP16_FILE]
     manifest = Manifest(
         model_id=model_id,
         source=source,

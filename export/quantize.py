@@ -2,11 +2,13 @@
 
 For int8, four candidates are built, timed on this machine and compared with fp32: the exported graph
 quantized with per-channel int8 weight scales, with one scale per tensor, and with per-channel uint8
-weights, and the graph after ONNX Runtime's transformer optimizer, per channel. Of those whose mean
-cosine to fp32 meets the bar, the fastest is kept, or the most accurate of the builds within 10% of its
-speed (a tie); if none meets the bar, the most accurate (the export then reports the miss). Speed alone
-is not enough: which options keep a model accurate depends on its weights and on the CPU's int8
-instructions (docs/model.md, "Export and parity"). The choice, timings and cosines go into the manifest.
+weights, and the graph after ONNX Runtime's transformer optimizer, per channel. Each is timed as the server
+runs it (docs/decisions/0028). Of those whose mean cosine to fp32 meets the bar, the fastest is kept, or the
+most accurate of the builds within 10% of its speed (a tie); if none meets the bar, the most accurate (the
+export then reports the miss). Speed alone is not enough: which options keep a model accurate depends on its
+weights and on the CPU's int8 instructions (docs/model.md, "Export and parity"). The choice, timings and
+cosines go into the manifest. The optimizer's graph is also written as the distillation teacher's build,
+whichever build is kept.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ import onnx
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 from tqdm import tqdm
 
-from contract.manifest import CPU_DISABLED_OPTIMIZERS, MODEL_FILES, cpu_model_path
+from contract.manifest import CPU_DISABLED_OPTIMIZERS, MODEL_FILES, TEACHER_FILE, cpu_model_path
 from export.verify import INT8_MEAN_COSINE_BAR, ReferenceBatch, cpu_session, row_cosines_against_fp32
 
 INT8_FILE = MODEL_FILES["int8"]
 FP16_FILE = MODEL_FILES["fp16"]
+# The build written as TEACHER_FILE, whatever the timing keeps: the distillation teacher's targets (and the student's
+# figures on them) must not follow a serving setting or one machine's timing (docs/decisions/0028). The plain graph,
+# per channel, where the optimizer fails.
+TEACHER_BUILD, TEACHER_FALLBACK = "optimized+quantized", "quantized"
 TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates are timed on
 # Candidates this close in speed are a tie, decided by accuracy: a choice by timing noise would change the
 # served int8 model (and the teacher's targets when the model is a distillation teacher) from one export of
@@ -112,8 +118,8 @@ def export_int8(
     compare_also: dict[str, Path] | None = None,
 ) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """Builds, times and compares the int8 candidates with fp32's embeddings of the reference batches (the
-    parity's); writes the one chosen. Returns the choice's figures and each row's cosine to fp32 for the
-    kept int8 build and for every build in compare_also."""
+    parity's); writes the one chosen, and the teacher build as TEACHER_FILE. Returns the choice's figures and
+    each row's cosine to fp32 for the kept int8 build and for every build in compare_also."""
     assert reference, "no fp32 outputs to compare the builds with: the parity check keeps them"
     sequence = min(TIMING_SEQUENCE, max_len)
     fp32 = model_dir / MODEL_FILES["fp32"]  # quantized from; timed as the server runs fp32 on the CPU
@@ -144,8 +150,11 @@ def export_int8(
         cosines = {name: float(rows[name].mean()) for name in candidates}
         chosen = choose_int8(timings, cosines)
         (model_dir / INT8_FILE).write_bytes(candidates[chosen].read_bytes())
+        teacher = TEACHER_BUILD if TEACHER_BUILD in candidates else TEACHER_FALLBACK
+        (model_dir / TEACHER_FILE).write_bytes(candidates[teacher].read_bytes())
     choice = {
         "chosen": chosen,
+        "teacher": teacher,
         "timed_batch": [TIMING_BATCH, sequence],
         "seconds_per_batch": timings,
         "mean_cosine": cosines,

@@ -195,14 +195,28 @@ def test_the_exports_sessions_sleep_between_runs_and_flush_denormals_as_served(t
     assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
 
 
+def int8_export_of_a_copy(model_dir: Path, copy: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """export_int8 run on a copy of an exported folder, against fp32's outputs of one small batch."""
+    import shutil
+
+    from contract.manifest import Manifest
+    from export import quantize, verify
+
+    shutil.copytree(model_dir, copy)
+    config = Manifest.read(copy).config
+    ids, mask = np.full((2, 5), 7, dtype=np.int64), np.ones((2, 5), dtype=np.int64)
+    reference = [verify.ReferenceBatch(ids, mask, onnx_backend(copy / "model.onnx")(ids, mask))]
+    return quantize.export_int8(
+        copy, config["n_heads"], config["d_model"], config["max_len"], reference, config["vocab_size"]
+    )
+
+
 def test_the_cpu_graph_is_checked_and_the_int8_builds_timed_as_the_server_runs_them(
     tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The parity of model.cpu.onnx, and the timing of every int8 build against fp32's CPU graph, go without the
     fusions the server's CPU sessions leave out (0027): the int8 build kept is the fastest as it is served."""
-    import shutil
-
-    from contract.manifest import CPU_DISABLED_OPTIMIZERS, Manifest
+    from contract.manifest import CPU_DISABLED_OPTIMIZERS
     from export import quantize, verify
     from tests.onnx_tiny import optimized_op_types, residual_then_norm
 
@@ -223,15 +237,9 @@ def test_the_cpu_graph_is_checked_and_the_int8_builds_timed_as_the_server_runs_t
         verify.verify_artifacts(tiny_artifacts)
     assert opened == {"model.onnx": (), "model.cpu.onnx": CPU_DISABLED_OPTIMIZERS}
 
-    model_dir = shutil.copytree(tiny_artifacts, tmp_path / "model")
-    config = Manifest.read(model_dir).config
-    ids, mask = np.full((2, 5), 7, dtype=np.int64), np.ones((2, 5), dtype=np.int64)
-    reference = [verify.ReferenceBatch(ids, mask, onnx_backend(model_dir / "model.onnx")(ids, mask))]
     with monkeypatch.context() as patch:
         patch.setattr(quantize, "cpu_session", recording(timed))
-        choice, _ = quantize.export_int8(
-            model_dir, config["n_heads"], config["d_model"], config["max_len"], reference, config["vocab_size"]
-        )
+        choice, _ = int8_export_of_a_copy(tiny_artifacts, tmp_path / "model")
     assert "model.cpu.onnx" in timed and "model.onnx" not in timed  # fp32 timed as served: its CPU graph
     assert len(timed) == len(choice["seconds_per_batch"]) + 1
     assert set(timed.values()) == {CPU_DISABLED_OPTIMIZERS}
@@ -240,6 +248,25 @@ def test_the_cpu_graph_is_checked_and_the_int8_builds_timed_as_the_server_runs_t
     as_served = optimized_op_types(monkeypatch, written, verify, lambda: real(graph, CPU_DISABLED_OPTIMIZERS))
     assert as_served == ["Add", "LayerNormalization"]
     assert optimized_op_types(monkeypatch, written, verify, lambda: real(graph)) == ["SkipLayerNormalization"]
+
+
+def test_the_teachers_int8_build_is_the_optimizers_graph_whichever_build_is_kept(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The distillation teacher's targets do not move with the build the timing keeps (docs/decisions/0028)."""
+    from contract.manifest import TEACHER_FILE
+    from export import quantize
+
+    def op_types(path: Path) -> set[str]:
+        return {node.op_type for node in onnx.load(str(path)).graph.node}
+
+    monkeypatch.setattr(quantize, "choose_int8", lambda *args, **kwargs: "quantized per tensor")
+    choice, _ = int8_export_of_a_copy(tiny_artifacts, tmp_path / "model")
+    assert choice["chosen"] == "quantized per tensor" and choice["teacher"] == "optimized+quantized"
+    teacher, served = tmp_path / "model" / TEACHER_FILE, tmp_path / "model" / "model.int8.onnx"
+    assert "SkipLayerNormalization" in op_types(teacher)  # fused by the transformer optimizer, in the file
+    assert "SkipLayerNormalization" not in op_types(served) and teacher.read_bytes() != served.read_bytes()
+    assert TEACHER_FILE in json.loads((tiny_artifacts / "manifest.json").read_text())["files"]
 
 
 def test_int8_and_fp16_variants_are_written_and_close_to_fp32(tiny_artifacts: Path) -> None:
