@@ -1,14 +1,14 @@
 """Faster model variants: int8 (ONNX Runtime dynamic quantization) and fp16 (for CUDA).
 
-For int8, four candidates are built, timed on this machine and compared with fp32: the exported graph
-quantized with per-channel int8 weight scales, with one scale per tensor, and with per-channel uint8
-weights, and the graph after ONNX Runtime's transformer optimizer, per channel. Each is timed as the server
-runs it (docs/decisions/0028). Of those whose mean cosine to fp32 meets the bar, the fastest is kept, or the
-most accurate of the builds within 10% of its speed (a tie); if none meets the bar, the most accurate (the
-export then reports the miss). Speed alone is not enough: which options keep a model accurate depends on its
-weights and on the CPU's int8 instructions (docs/model.md, "Export and parity"). The choice, timings and
-cosines go into the manifest. The optimizer's graph is also written as the distillation teacher's build,
-whichever build is kept.
+For int8, four candidates are built, timed on this machine and compared with fp32: the CPU graph
+(model.cpu.onnx, or model.onnx without one) quantized with per-channel int8 weight scales, with one scale
+per tensor, and with per-channel uint8 weights, and the graph after ONNX Runtime's transformer optimizer,
+per channel. Each is timed as the server runs it (docs/decisions/0028). Of those whose mean cosine to fp32
+meets the bar, the fastest is kept, or the most accurate of the builds within 10% of its speed (a tie); if
+none meets the bar, the most accurate (the export then reports the miss). Speed alone is not enough: which
+options keep a model accurate depends on its weights and on the CPU's int8 instructions (docs/model.md,
+"Export and parity"). The choice, timings and cosines go into the manifest. The optimizer's graph is also
+written as the distillation teacher's build, whichever build is kept.
 """
 
 from __future__ import annotations
@@ -122,13 +122,15 @@ def export_int8(
     each row's cosine to fp32 for the kept int8 build and for every build in compare_also."""
     assert reference, "no fp32 outputs to compare the builds with: the parity check keeps them"
     sequence = min(TIMING_SEQUENCE, max_len)
-    fp32 = model_dir / MODEL_FILES["fp32"]  # quantized from; timed as the server runs fp32 on the CPU
+    fp32 = model_dir / MODEL_FILES["fp32"]  # the transformer optimizer's input
+    # The graph the server runs fp32 on the CPU: timed against, and quantized from. Its fused attention blocks
+    # quantize to ONNX Runtime's QAttention (the same products, cosines to fp32 equal to the plain graph's).
     served_fp32 = cpu_model_path(model_dir, "fp32")
     compare_also = compare_also or {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
         print("int8 builds: per channel, per tensor, uint8 weights, optimized graph", flush=True)
-        prepared = _prepare(fp32, tmp_dir / "prepared.onnx")
+        prepared = _prepare(served_fp32, tmp_dir / "prepared.onnx")
         candidates = {
             "quantized": _quantize(prepared, tmp_dir / "plain.int8.onnx"),
             "quantized per tensor": _quantize(prepared, tmp_dir / "per-tensor.int8.onnx", per_channel=False),

@@ -26,6 +26,7 @@ def test_manifest_describes_every_artifact(tiny_artifacts: Path) -> None:
         "model.torchscript.pt",
         "tokenizer.json",
         "model.int8.onnx",
+        "model.teacher.int8.onnx",
         "model.fp16.onnx",
     }
     assert manifest["dim"] == 32 and manifest["max_length"] == 32
@@ -250,7 +251,7 @@ def test_the_cpu_graph_is_checked_and_the_int8_builds_timed_as_the_server_runs_t
     assert optimized_op_types(monkeypatch, written, verify, lambda: real(graph)) == ["SkipLayerNormalization"]
 
 
-def test_the_teachers_int8_build_is_the_optimizers_graph_whichever_build_is_kept(
+def test_the_int8_builds_come_from_the_cpu_graph_and_the_teachers_is_the_optimizers_whichever_is_kept(
     tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The distillation teacher's targets do not move with the build the timing keeps (docs/decisions/0028)."""
@@ -266,6 +267,7 @@ def test_the_teachers_int8_build_is_the_optimizers_graph_whichever_build_is_kept
     teacher, served = tmp_path / "model" / TEACHER_FILE, tmp_path / "model" / "model.int8.onnx"
     assert "SkipLayerNormalization" in op_types(teacher)  # fused by the transformer optimizer, in the file
     assert "SkipLayerNormalization" not in op_types(served) and teacher.read_bytes() != served.read_bytes()
+    assert "QAttention" in op_types(served)  # quantized from the CPU graph: its fused attention, quantized
     assert TEACHER_FILE in json.loads((tiny_artifacts / "manifest.json").read_text())["files"]
 
 

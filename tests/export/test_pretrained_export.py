@@ -30,6 +30,7 @@ def test_writes_the_artifact_contract_with_parity(exported: Path) -> None:
         "model.onnx",
         "model.cpu.onnx",
         "model.int8.onnx",
+        "model.teacher.int8.onnx",
         "model.fp16.onnx",
         "tokenizer.json",
     }
