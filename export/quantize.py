@@ -35,8 +35,8 @@ FP16_FILE = MODEL_FILES["fp16"]
 TEACHER_BUILD, TEACHER_FALLBACK = "optimized+quantized", "quantized"
 TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates are timed on
 # Candidates this close in speed are a tie, decided by accuracy: a choice by timing noise would change the
-# served int8 model from one export of the same weights to the next. On a shared 2-core VM builds 0.2-3.2% apart came up to 6.5% apart in one export
-# (decisions/0012).
+# served int8 model from one export of the same weights to the next. On a shared 2-core VM builds 0.2-3.2% apart
+# came up to 6.5% apart in one export (decisions/0012).
 SAME_SPEED = 0.10
 
 

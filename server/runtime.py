@@ -211,9 +211,9 @@ class OnnxRuntime:
         # onnxruntime-gpu lists CUDA even where CUDA/cuDNN are missing; asking for it there logs a
         # screen of errors before falling back. Silence the probe; get_providers() tells the truth.
         ort.set_default_logger_severity(4)
+        self.model_path = self.cpu_model_path if wanted == [CPU] else path  # the graph the main session runs
         try:
-            first = self.cpu_model_path if wanted == [CPU] else path
-            self.session = _open_session(first, options, options.intra_op_threads, wanted)
+            self.session = _open_session(self.model_path, options, options.intra_op_threads, wanted)
         finally:
             ort.set_default_logger_severity(2)
         self.providers: list[str] = self.session.get_providers()
@@ -222,15 +222,14 @@ class OnnxRuntime:
             raise ProviderUnavailable(
                 "--provider cuda asked, but the CUDA execution provider did not load (it needs CUDA 13 and cuDNN 9)"
             )
-        if self.provider == CPU and wanted != [CPU]:  # CUDA was asked for and did not load: opened as a CPU session
-            self.session = _open_session(self.cpu_model_path, options, options.intra_op_threads, [CPU])
-            first = self.cpu_model_path
         if wanted != [CPU] and self.provider != CUDA:  # CUDA was asked for (auto) and did not load
             log.info("CUDA execution provider unavailable here; running on %s", self.provider)
+            # Opened again as a session for the CPU alone: its graph, without the fusions CPU sessions leave out.
+            self.model_path = self.cpu_model_path
+            self.session = _open_session(self.model_path, options, options.intra_op_threads, [CPU])
         self.pad_id = pad_id
         self.precision = options.precision
         self.dim = int(self.session.get_outputs()[0].shape[1])
-        self.model_path = first  # the graph the main session runs
         self.options = options
         self.one_thread_session: ort.InferenceSession | None = None
         self.one_thread_batch_tokens = 0  # batches of at most this many padded tokens run on one thread
