@@ -6,12 +6,12 @@ change while other threads encode): one counts the full length, one truncates to
 needed, ``encode_batch_fast`` skips the character offsets: 68 against 79 CPU-us a text (medians of 15
 rounds over 500 of the benchmark's texts, one text a call, 2026-11-25, AMD EPYC 2-core VM).
 
-Texts in plain ASCII without control characters are tokenized by twins of the two instances whose
-normaliser keeps only what BERT's does to such text (lowercasing, or nothing for a cased model): the
-full one also decomposes Unicode, strips accents and cleans control characters, which leaves such text
-unchanged and takes about a third of the time (24.7 against 35.9 us a text with the twins, best of 3
-rounds over 2,000 of the benchmark's texts, 2026-11-25, 2-core Intel Xeon VM). The ids are the same,
-which a test checks.
+Texts in plain ASCII without control characters are tokenized by twins of the two instances that do
+only what BERT's normaliser and pre-tokenizer do to such text. The full normaliser also decomposes
+Unicode, strips accents and cleans control characters, which leaves such text unchanged: the twins'
+only lowercases (or does nothing, for a cased model). BERT's pre-tokenizer tests every character for
+Unicode whitespace and punctuation: the twins find the words with one ASCII pattern instead. The ids
+are the same, which a test checks.
 
 With truncation on, ``cut`` first shortens a long text at a word boundary: the tokenizer splits words
 at whitespace before WordPiece, so a prefix made of whole words gives the same first tokens as the
@@ -22,12 +22,13 @@ for a fraction of the work and memory (a 20,000-character input costs ~max_lengt
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, normalizers
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
 from server.errors import BadInput
 
@@ -37,6 +38,10 @@ CUT_WINDOW_CHARS = 64
 # ASCII control characters that BERT's normaliser removes or turns into spaces: texts holding any take the
 # full normaliser. Tab, newline and carriage return are left out: the pre-tokenizer splits at them anyway.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# BERT's pre-tokenizer on such text: words are runs of neither whitespace nor ASCII punctuation, and each
+# punctuation character is a word of its own; whitespace (space, tab, newline, carriage return) is dropped.
+_PUNCTUATION = "".join("\\" + c for c in string.punctuation)
+_ASCII_WORDS = rf"[^\s{_PUNCTUATION}]+|[{_PUNCTUATION}]"
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class TextTokenizer:
         self.counting.no_padding()
         self.counting.no_truncation()
         self.cut_chars = self.max_length * CUT_CHARS_PER_TOKEN
-        # (truncating, counting) with the normaliser's ASCII part only; None where the normaliser is not BERT's.
+        # (truncating, counting) for clean ASCII text; None where the normaliser or pre-tokenizer is not BERT's.
         self.ascii_twins = _ascii_twins(self.truncating, self.counting)
 
     def cut(self, text: str) -> str:
@@ -128,11 +133,15 @@ class TextTokenizer:
 
 
 def _ascii_twins(truncating: Tokenizer, counting: Tokenizer) -> tuple[Tokenizer, Tokenizer] | None:
-    """Copies of the two instances whose normaliser does only what BERT's does to clean ASCII text."""
+    """Copies of the two instances that do only what BERT's normaliser and pre-tokenizer do to clean ASCII
+    text."""
     normalizer = truncating.normalizer
     if not isinstance(normalizer, normalizers.BertNormalizer):
         return None
+    if not isinstance(truncating.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+        return None
     twins = Tokenizer.from_str(truncating.to_str()), Tokenizer.from_str(counting.to_str())
-    for twin in twins:  # each its own normaliser object, as each instance has its own everything else
+    for twin in twins:  # each its own objects, as each instance has its own everything else
         twin.normalizer = normalizers.Lowercase() if normalizer.lowercase else None
+        twin.pre_tokenizer = pre_tokenizers.Split(Regex(_ASCII_WORDS), "removed", invert=True)
     return twins

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from server.errors import InvalidInput
@@ -73,9 +73,13 @@ ascii_texts = st.text(st.characters(max_codepoint=127), min_size=1, max_size=300
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.one_of(ascii_texts, st.lists(words, min_size=1, max_size=40).map(" ".join)))
+@example(text="[CLS] The [SEP]river[MASK] [cls] [UNK]")  # special tokens are found before any normaliser
+@example(text="don't--stop!!the (quick) fox's \"bank\"...a.b,c_d\\e~f`g^h|i{j}k@l")
+@example(text=" \t the\r\nriver\n\n  bank \t")
 def test_the_ascii_twins_give_the_full_normalisers_ids(tokenizer: TextTokenizer, text: str) -> None:
-    """Clean ASCII takes the twins (lowercasing only); anything else, control characters included, the full
-    normaliser. Either way the ids are the full normaliser's, truncated or not."""
+    """Clean ASCII takes the twins (lowercasing only, words found by one ASCII pattern); anything else,
+    control characters included, the full normaliser and BERT's pre-tokenizer. Either way the ids are the
+    full tokenizer's, truncated or not."""
     assert tokenizer.ascii_twins is not None  # the tiny tokenizer's normaliser is BERT's
     truncated = tokenizer.encode([text], truncate=True).rows[0].tolist()
     assert truncated == tokenizer.truncating.encode(text).ids
