@@ -11,7 +11,11 @@ only what BERT's normaliser and pre-tokenizer do to such text. The full normalis
 Unicode, strips accents and cleans control characters, which leaves such text unchanged: the twins'
 only lowercases (or does nothing, for a cased model). BERT's pre-tokenizer tests every character for
 Unicode whitespace and punctuation: the twins find the words with one ASCII pattern instead. The ids
-are the same, which a test checks.
+are the same, which a test checks. ``encode`` of one text a call, best of 5 rounds over the benchmark's
+3,000 texts (2026-11-29, a 2-core AMD EPYC VM of CPU family 26): 21.7 CPU-us a text with the pattern
+against 25.0 with BERT's pre-tokenizer (the trained model's tokenizer), 21.6 against 27.2
+(all-MiniLM-L6-v2's); the same ids for those texts and 3,000 random strings of ASCII letters, digits,
+punctuation and whitespace.
 
 With truncation on, ``cut`` first shortens a long text at a word boundary: the tokenizer splits words
 at whitespace before WordPiece, so a prefix made of whole words gives the same first tokens as the
