@@ -161,8 +161,7 @@ class ServerConfig:
         -1,
         "batches of at most this many padded tokens run on a second, one-thread ONNX Runtime session on the CPU, "
         "where the main session's threads (or, on CUDA, each GPU run's fixed cost) cost more than they save "
-        "(-1 = measured at warm-up: the most for which one thread took at most 1.2 times the main session's "
-        "threads on the CPU, no longer beside CUDA; 0 = off)",
+        "(-1 = the most for which one thread measured no slower at warm-up, 0 = off)",
     )
     inline_batch_ms: float = setting(
         0.5,

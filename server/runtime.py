@@ -58,20 +58,14 @@ class RuntimeOptions:
 # Batch shapes (rows, tokens) timed on one thread and on the session's threads: padded tokens double each step.
 ONE_THREAD_LADDER = ((1, 8), (1, 16), (1, 32), (1, 64), (1, 128), (2, 128), (4, 128), (8, 128), (16, 128))
 ONE_THREAD_RUNS = 7  # timed runs per shape and session, interleaved; their medians are compared
-# Beside a CPU session's threads one thread may also be up to this much slower: under load the event loop wants
-# the cores a threaded run takes, and a run on two threads that saves less than a sixth of the time costs more
-# CPU than it saves (decisions/0011).
-ONE_THREAD_SLOWER_AT_MOST = 1.2
 
 
-def one_thread_limit(
-    sizes: Sequence[int], one_thread: Sequence[float], threaded: Sequence[float], slower_at_most: float = 1.0
-) -> int:
-    """The most padded tokens up to which one thread took at most ``slower_at_most`` times the threaded time, at
-    every size up to it (0: not even the smallest). Sizes ascend; times are per size, in seconds."""
+def one_thread_limit(sizes: Sequence[int], one_thread: Sequence[float], threaded: Sequence[float]) -> int:
+    """The most padded tokens up to which one thread was no slower, at every size up to it (0: not even the
+    smallest). Sizes ascend; times are per size, in seconds."""
     limit = 0
     for size, one, many in zip(sizes, one_thread, threaded, strict=True):
-        if one > many * slower_at_most:
+        if one > many:
             break
         limit = size
     return limit
@@ -275,8 +269,6 @@ class OnnxRuntime:
 
     def _measure_one_thread_limit(self, max_len: int) -> int:
         shapes = sorted({(rows, min(length, max_len)) for rows, length in ONE_THREAD_LADDER}, key=lambda s: s[0] * s[1])
-        # Beside CUDA the CPU's other cores are free: there one thread is kept only where it is no slower.
-        slower_at_most = ONE_THREAD_SLOWER_AT_MOST if self.provider == CPU else 1.0
         timed: dict[str, list[float]] = {"one": [], "threaded": []}
         for rows, length in shapes:
             ids = np.full((rows, length), self.pad_id + 1, dtype=np.int64)
@@ -289,10 +281,10 @@ class OnnxRuntime:
                     seconds[name].append(time.perf_counter() - started)
             for name, values in seconds.items():
                 timed[name].append(float(np.median(values[1:])))
-            if timed["one"][-1] > timed["threaded"][-1] * slower_at_most:
+            if timed["one"][-1] > timed["threaded"][-1]:
                 break  # one_thread_limit stops here too: larger shapes would not be used
         sizes = [rows * length for rows, length in shapes][: len(timed["one"])]
-        return one_thread_limit(sizes, timed["one"], timed["threaded"], slower_at_most)
+        return one_thread_limit(sizes, timed["one"], timed["threaded"])
 
     def batch_tokens_within(self, seconds: float, max_len: int, max_batch_tokens: int) -> int:
         """The most padded tokens, in whole rows of ``max_len``, that one batch computes within ``seconds``

@@ -172,31 +172,6 @@ def test_the_one_thread_limit_is_the_last_size_of_the_first_run_where_one_thread
     assert one_thread_limit(sizes, [1.0, 1.0, 3.0, 1.0], [2.0, 1.0, 2.0, 2.0]) == 16  # stops at the first loss
     assert one_thread_limit(sizes, [3.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]) == 0
     assert one_thread_limit(sizes, [1.0] * 4, [2.0] * 4) == 64
-    # Allowed to be up to a fifth slower (the CPU's rule): the first size beyond that still ends the run.
-    one, threaded = [0.5, 1.1, 1.2, 1.3], [1.0] * 4
-    assert one_thread_limit(sizes, one, threaded) == 8
-    assert one_thread_limit(sizes, one, threaded, slower_at_most=1.2) == 32
-
-
-@pytest.mark.parametrize("provider", ["CPUExecutionProvider", "CUDAExecutionProvider"])
-def test_one_thread_may_be_slower_beside_the_cpus_threads_but_not_beside_cuda(
-    tiny_artifacts: Path, provider: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Under load a CPU session's threads take cores the event loop wants; beside CUDA the CPU's cores are free."""
-    import server.runtime as runtime_module
-
-    allowed: list[float] = []
-
-    def limit(sizes: list[int], one: list[float], threaded: list[float], slower_at_most: float = 1.0) -> int:
-        allowed.append(slower_at_most)
-        return 8
-
-    monkeypatch.setattr(runtime_module, "one_thread_limit", limit)
-    runtime = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu", intra_op_threads=2), pad_id=0)
-    runtime.provider = provider  # as if the main session had loaded there
-    assert runtime.use_one_thread_up_to(-1, max_len=16) == 8
-    assert allowed == [runtime_module.ONE_THREAD_SLOWER_AT_MOST if provider == "CPUExecutionProvider" else 1.0]
-    assert runtime_module.ONE_THREAD_SLOWER_AT_MOST > 1.0
 
 
 def test_the_batch_budget_fits_the_batch_it_returns_where_cost_per_token_grows_with_the_batch() -> None:
