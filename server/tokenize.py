@@ -140,9 +140,8 @@ def _ascii_twins(truncating: Tokenizer, counting: Tokenizer) -> tuple[Tokenizer,
     """Copies of the two instances that do only what BERT's normaliser and pre-tokenizer do to clean ASCII
     text."""
     normalizer = truncating.normalizer
-    if not isinstance(normalizer, normalizers.BertNormalizer):
-        return None
-    if not isinstance(truncating.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+    bert = isinstance(normalizer, normalizers.BertNormalizer)
+    if not bert or not isinstance(truncating.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
         return None
     twins = Tokenizer.from_str(truncating.to_str()), Tokenizer.from_str(counting.to_str())
     for twin in twins:  # each its own objects, as each instance has its own everything else

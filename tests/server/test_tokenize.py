@@ -80,7 +80,7 @@ def test_the_ascii_twins_give_the_full_normalisers_ids(tokenizer: TextTokenizer,
     """Clean ASCII takes the twins (lowercasing only, words found by one ASCII pattern); anything else,
     control characters included, the full normaliser and BERT's pre-tokenizer. Either way the ids are the
     full tokenizer's, truncated or not."""
-    assert tokenizer.ascii_twins is not None  # the tiny tokenizer's normaliser is BERT's
+    assert tokenizer.ascii_twins is not None  # the tiny tokenizer's normaliser and pre-tokenizer are BERT's
     truncated = tokenizer.encode([text], truncate=True).rows[0].tolist()
     assert truncated == tokenizer.truncating.encode(text).ids
     full = tokenizer.counting.encode(text).ids
@@ -108,3 +108,15 @@ def test_only_clean_ascii_takes_the_twins(tokenizer: TextTokenizer, monkeypatch:
     for text in ("café", "bell\x07", "null\x00"):
         tokenizer.encode([text], truncate=True)
     assert len(used) == 2
+
+
+def test_no_twins_where_the_pre_tokenizer_is_not_berts(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """The twins' pattern stands in for BERT's pre-tokenizer only: with another, every text takes the full tokenizer."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    other = Tokenizer.from_file(str(tiny_artifacts / "tokenizer.json"))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    other.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = TextTokenizer(tmp_path / "tokenizer.json")
+    assert tokenizer.ascii_twins is None
+    assert tokenizer.encode(["don't stop"], truncate=True).rows[0].tolist() == other.encode("don't stop").ids
