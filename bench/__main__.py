@@ -207,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["tokenize_one_ms"] = 1000 * measure.median_seconds(lambda: trained.tokenizer.encode([texts[0]], True), 200)
     print("4. matmul peak", flush=True)
     results["matmul_peak_flops"] = measure.matmul_peak_flops(threads)
+    results["matmul_peak_kernel"] = measure.MATMUL_PEAK_KERNEL
     results["machine"] = {"date": datetime.date.today().isoformat(), "cpu": measure.cpu_name(), "cores": threads,
                           "python": platform.python_version(), "provider": trained.runtime.provider}  # fmt: skip
     if args.provider == "cuda":

@@ -185,13 +185,32 @@ def per_batch_latency(
                                     "TorchScript": lambda: scripted(t_ids, t_mask), **backends})  # fmt: skip
 
 
-def matmul_peak_flops(threads: int, n: int = 2048) -> float:
-    """This machine's measured fp32 matrix-multiply rate (FLOP/s) with the given threads."""
-    import torch
+# What the FLOP table's peak is read with. ONNX Runtime's MatMul runs on the kernels (MLAS) that every served
+# product runs on; torch's wheel multiplies with MKL, which on AMD CPUs took half that rate (2026-11-29, a 2-core
+# AMD EPYC VM with AVX-512: 2,048^2 at 207 against 103 GFLOP/s on one thread, 428 against 200 on two).
+MATMUL_PEAK_KERNEL = "ONNX Runtime MatMul"
 
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_seconds(lambda: a @ b, repeats=10)
+
+def matmul_session(n: int, threads: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """A CPU session holding one fp32 (n, n) x (n, n) MatMul, and inputs for it."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    square = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [n, n]) for name in ("a", "b", "c")]
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "matmul", square[:2], square[2:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9  # what this onnxruntime reads; the onnx package writes newer ones by default
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    return session, {name: rng.standard_normal((n, n), dtype=np.float32) for name in ("a", "b")}
+
+
+def matmul_peak_flops(threads: int, n: int = 2048) -> float:
+    """This machine's measured fp32 matrix-multiply rate (FLOP/s) with the given threads (MATMUL_PEAK_KERNEL)."""
+    session, feeds = matmul_session(n, threads)
+    return 2 * n**3 / median_seconds(lambda: session.run(None, feeds), repeats=10)
 
 
 def load(target: str, concurrency: int, texts_file: Path, duration: float, per_request: int = 1,

@@ -332,7 +332,8 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
         "protocols_cpu_table": protocols_cpu_table(r["protocols"]),
         "mflop_per_text": f"{ceiling['flops_per_text'] / 1e6:.2f}",
         "flops_table": table(["", "GFLOP/s", "of the CPU's matmul peak" + (" (the GPU computes here)" if on_cuda(r) else "")], [
-            [f"measured fp32 matmul peak (torch, 2048^2, {r['machine']['cores']} threads)", f"{peak / 1e9:.1f}", "100%"],
+            [f"measured fp32 matmul peak ({r.get('matmul_peak_kernel', 'torch')}, 2048^2, {r['machine']['cores']} threads)",
+             f"{peak / 1e9:.1f}", "100%"],
             *([name, f"{rate * ceiling['flops_per_text'] / 1e9:.1f}", f"{rate * ceiling['flops_per_text'] / peak:.0%}"]
               for name, rate in flops.items())]),
         "gpu": gpu_text(r, out), "gpu_machine": gpu_of(r["machine"]), "docs": os.path.relpath(DOCS, out.resolve()),

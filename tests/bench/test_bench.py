@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.measure import forward_flops, plan_batches
+from bench.measure import MATMUL_PEAK_KERNEL, forward_flops, matmul_session, plan_batches
 from server.batcher import BatchPolicy
 from tests.conftest import ServerThread
 
@@ -40,6 +40,28 @@ def test_flop_count_matches_a_count_of_the_models_matmuls() -> None:
         h.remove()
     attention = 2 * 2 * 3 * 2 * 16 * 16 * 32  # QK^T and weights @ V: 2 matmuls, 2 flops, batch 3, 2 layers
     assert forward_flops(asdict(config), batch=3, sequence=16) == flops + attention
+
+
+def test_the_matmul_peak_times_the_product_it_counts() -> None:
+    """The FLOP table's peak divides 2 n^3 by the time of one run of this session: it must be that product."""
+    session, feeds = matmul_session(96, threads=1)
+    (product,) = session.run(None, feeds)
+    assert sorted(feeds) == ["a", "b"] and feeds["a"].shape == feeds["b"].shape == (96, 96)
+    np.testing.assert_allclose(product, feeds["a"] @ feeds["b"], rtol=1e-4, atol=1e-3)
+
+
+def test_the_flop_table_names_the_kernel_its_peak_was_read_with(tmp_path: Path) -> None:
+    """A run records what measured its peak; a run from before that record read it with torch."""
+    from bench.report import write_report
+
+    results = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    for kernel, expected in ((MATMUL_PEAK_KERNEL, MATMUL_PEAK_KERNEL), (None, "torch")):
+        run = {k: v for k, v in results.items() if k != "matmul_peak_kernel"}
+        if kernel:
+            run["matmul_peak_kernel"] = kernel
+        write_report(run, tmp_path)
+        row = f"| measured fp32 matmul peak ({expected}, 2048^2, {results['machine']['cores']} threads) |"
+        assert row in (tmp_path / "benchmarks.md").read_text()
 
 
 def test_planned_batches_cover_every_row_once_within_the_policy() -> None:
