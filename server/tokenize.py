@@ -140,8 +140,10 @@ def _ascii_twins(truncating: Tokenizer, counting: Tokenizer) -> tuple[Tokenizer,
     """Copies of the two instances that do only what BERT's normaliser and pre-tokenizer do to clean ASCII
     text."""
     normalizer = truncating.normalizer
-    bert = isinstance(normalizer, normalizers.BertNormalizer)
-    if not bert or not isinstance(truncating.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+    if not (
+        isinstance(normalizer, normalizers.BertNormalizer)
+        and isinstance(truncating.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+    ):
         return None
     twins = Tokenizer.from_str(truncating.to_str()), Tokenizer.from_str(counting.to_str())
     for twin in twins:  # each its own objects, as each instance has its own everything else

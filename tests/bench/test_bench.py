@@ -43,7 +43,7 @@ def test_flop_count_matches_a_count_of_the_models_matmuls() -> None:
 
 
 def test_the_matmul_peak_times_the_product_it_counts() -> None:
-    """The FLOP table's peak divides 2 n^3 by the time of one run of this session: it must be that product."""
+    """The FLOP table's peak divides 2 n^3 by the time of one run of this one-MatMul graph: it must be that product."""
     session, feeds = matmul_session(96, threads=1)
     (product,) = session.run(None, feeds)
     assert sorted(feeds) == ["a", "b"] and feeds["a"].shape == feeds["b"].shape == (96, 96)
