@@ -44,6 +44,7 @@ CUT_WINDOW_CHARS = 64
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # BERT's pre-tokenizer on such text: words are runs of neither whitespace nor ASCII punctuation, and each
 # punctuation character is a word of its own; whitespace (space, tab, newline, carriage return) is dropped.
+# Every punctuation character is escaped: the pattern is Oniguruma's, where `&&`, `[` and `-` mean something in a class.
 _PUNCTUATION = "".join("\\" + c for c in string.punctuation)
 _ASCII_WORDS = rf"[^\s{_PUNCTUATION}]+|[{_PUNCTUATION}]"
 
