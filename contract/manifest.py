@@ -36,7 +36,8 @@ TEACHER_FILE = "model.teacher.int8.onnx"
 def cpu_model_path(model_dir: Path, precision: str) -> Path:
     """The graph a CPU session runs: for fp32, ``model.cpu.onnx`` where the folder has it (each attention
     block as ONNX Runtime's fused Attention kernel and each linear layer as one Gemm, the same outputs:
-    export/attention_fusion.py; why: docs/decisions/0026, 0029); otherwise the precision's own file, which a GPU session runs too."""
+    export/attention_fusion.py; why: docs/decisions/0026, 0029); otherwise the precision's own file, which a
+    GPU session runs too."""
     fused = model_dir / CPU_MODEL_FILE
     if precision == "fp32" and fused.is_file():
         return fused
