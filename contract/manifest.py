@@ -19,9 +19,8 @@ SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}  # by precision
-# The fp32 graph with ONNX Runtime's fused Attention operator (export/attention_fusion.py) and its token-wise
-# operators on one row per token (export/token_rows.py): what the server's CPU sessions run in place of model.onnx
-# where the folder has it.
+# The fp32 graph with ONNX Runtime's fused Attention operator (export/attention_fusion.py): what the server's CPU
+# sessions run in place of model.onnx where the folder has it.
 CPU_MODEL_FILE = "model.cpu.onnx"
 # ONNX Runtime graph fusions the server opens a CPU session without, and the export's parity check the CPU graph: its
 # CPU SkipLayerNormalization kernel (a residual Add fused into the LayerNormalization after it) ran both exported
@@ -35,9 +34,8 @@ TEACHER_FILE = "model.teacher.int8.onnx"
 
 def cpu_model_path(model_dir: Path, precision: str) -> Path:
     """The graph a CPU session runs: for fp32, ``model.cpu.onnx`` where the folder has it (each attention
-    block as ONNX Runtime's fused Attention kernel and each linear layer as one Gemm, the same outputs:
-    export/attention_fusion.py; why: docs/decisions/0026, 0029); otherwise the precision's own file, which a
-    GPU session runs too."""
+    block as ONNX Runtime's fused Attention kernel, the same outputs: export/attention_fusion.py; why:
+    docs/decisions/0026); otherwise the precision's own file, which a GPU session runs too."""
     fused = model_dir / CPU_MODEL_FILE
     if precision == "fp32" and fused.is_file():
         return fused

@@ -15,8 +15,6 @@ block, after checking that the block computes exactly what the kernel does:
 A block that differs in any part (another scale, a mask from elsewhere, an intermediate read by another
 node) is left as it is, and the caller decides what that means. Every value stays fp32 and the kernel runs
 the same matrix products, so the outputs agree with ``model.onnx`` (export/verify.py checks them).
-
-``export_cpu_graph`` then puts the operators between the blocks on one row per token (export/token_rows.py).
 """
 
 from __future__ import annotations
@@ -28,14 +26,11 @@ from pathlib import Path
 import onnx
 from onnx import helper, numpy_helper
 
-from export.token_rows import flatten_token_rows, inferred_shapes
-
 MICROSOFT = "com.microsoft"
 MASK_INPUT = "attention_mask"
 MASK_INT32 = "attention_mask_int32"  # the kernel's raw (B, T) mask: 1 attends, 0 is padding
 HEADS_FIRST = [0, 2, 1, 3]  # (B, T, nh, hs) <-> (B, nh, T, hs)
 KEYS_TRANSPOSED = [0, 2, 3, 1]  # (B, T, nh, hs) -> (B, nh, hs, T)
-LINEAR_LAYERS_PER_LAYER = 3  # outside the fused attention: its output projection and the feed-forward's two
 
 
 class _Graph:
@@ -263,23 +258,14 @@ def _attention_node(block: _Block, num_heads: int, index: int) -> onnx.NodeProto
 
 
 def export_cpu_graph(onnx_path: Path, out: Path, num_heads: int, layers: int) -> Path:
-    """Writes ``onnx_path`` with its attention blocks fused and its token-wise operators on one row per token
-    (export/token_rows.py) to ``out``. Every one of the encoder's ``layers`` must fuse, and each layer's three
-    linear layers (the attention's output, the feed-forward's two) must read rows: a part that no longer matches
-    means the exporter or the model changed the graph, and the export stops rather than serve a CPU graph that
-    is silently the slow one."""
-    model = onnx.load(str(onnx_path))
-    fused, count = fuse_attention(model, num_heads)
+    """Writes ``onnx_path`` with its attention blocks fused to ``out``. Every one of the encoder's ``layers``
+    must fuse: a block that no longer matches means the exporter or the model changed the graph, and the
+    export stops rather than serve a CPU graph that is silently the slow one."""
+    fused, count = fuse_attention(onnx.load(str(onnx_path)), num_heads)
     if count != layers:
         raise RuntimeError(
             f"{onnx_path}: {count} of {layers} attention blocks match ONNX Runtime's Attention operator; "
             "export/attention_fusion.py says what it matches"
         )
-    flat, linear_layers = flatten_token_rows(fused, inferred_shapes(model))
-    if linear_layers != LINEAR_LAYERS_PER_LAYER * layers:
-        raise RuntimeError(
-            f"{onnx_path}: {linear_layers} of {LINEAR_LAYERS_PER_LAYER * layers} linear layers read one row per "
-            "token; export/token_rows.py says what it rewrites"
-        )
-    onnx.save(flat, str(out))
+    onnx.save(fused, str(out))
     return out

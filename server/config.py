@@ -78,8 +78,8 @@ class ServerConfig:
     precision: str = setting(
         "fp32",
         "`fp32` (`model.onnx`; on the CPU `model.cpu.onnx` where the folder has it, the same outputs with ONNX "
-        "Runtime's fused attention and linear layers), `int8` (`model.int8.onnx`: on the CPU about 1.6x faster a "
-        "text, but a text's embedding moves with the texts batched beside it, by up to about 2e-4 in cosine), `fp16` "
+        "Runtime's fused attention), `int8` (`model.int8.onnx`: on the CPU about 1.6x faster a text, but a text's "
+        "embedding moves with the texts batched beside it, by up to about 2e-4 in cosine), `fp16` "
         "(`model.fp16.onnx`, for CUDA)",
     )
     max_batch_tokens: int = setting(16384, "padded tokens per batch (items x longest item), the most")
