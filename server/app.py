@@ -483,6 +483,7 @@ async def serve(config: ServerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.info("allocator: %s", memory.allocator_in_use())
     try:
         config.bearer_token()  # an empty or unreadable token file stops us here, before anything listens
     except (OSError, ValueError) as e:

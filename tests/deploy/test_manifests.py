@@ -140,14 +140,17 @@ def test_dockerfile_healthcheck_asks_the_plaintext_health_port_the_image_opens()
 
 
 def test_the_image_and_the_deployment_follow_the_memory_sizing_rule() -> None:
-    """The image sets the allocator settings the server would otherwise restart itself for; the pod's memory
-    limit is the one the flood test holds peak RSS to 75% of (tests/reliability/test_flood.py)."""
-    from server.memory import MALLOC_SETTINGS
+    """The serving image installs jemalloc and sets the allocator settings the server would otherwise restart
+    itself for (server/memory.py, ``allocator_settings``); the pod's memory limit is the one the flood test
+    holds peak RSS to 75% of (tests/reliability/test_flood.py)."""
+    from server.memory import JEMALLOC, JEMALLOC_CONF, MALLOC_SETTINGS
     from tests.reliability.test_flood import LIMIT_MIB
 
     text = (K8S.parent / "Dockerfile").read_text()
-    for name, value in MALLOC_SETTINGS.items():
-        assert f"{name}={value}" in text
+    serve = text[text.index(" AS serve\n") : text.index(" AS artifacts\n")]
+    for name, value in {**MALLOC_SETTINGS, "LD_PRELOAD": JEMALLOC, "MALLOC_CONF": JEMALLOC_CONF}.items():
+        assert f"{name}={value}" in serve
+    assert 'apt-get install -y --no-install-recommends "libjemalloc2=5.3.*"' in serve
     (deployment,) = by_kind("Deployment")
     resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["memory"] == f"{LIMIT_MIB // 1024}Gi"

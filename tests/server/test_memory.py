@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from server.memory import (
     TARGET_SHARE,
     UNACCOUNTED_SHARE,
     UNSENT_SHARE,
+    jemalloc_installed,
     memory_limit,
     plan,
 )
@@ -61,6 +63,23 @@ def test_a_limit_too_small_for_the_models_refuses_to_start_with_a_clear_message(
     )
     assert done.returncode == 2, done.stderr
     assert "memory limit 64 MiB (--memory-limit-mib) leaves 0 MiB for requests" in done.stderr
+
+
+@pytest.mark.skipif(
+    not jemalloc_installed(), reason="libjemalloc2 is not installed (scripts/system-packages.sh installs it as root)"
+)
+@pytest.mark.parametrize(("asked", "mapped"), [(None, "jemalloc"), ("glibc", "glibc")])
+def test_the_server_runs_on_jemalloc_where_it_is_installed_unless_told_glibc(asked: str | None, mapped: str) -> None:
+    """The allocator the server logs is read from its own memory map: what really loaded."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF", "EMBED_ALLOCATOR")}
+    if asked:
+        env["EMBED_ALLOCATOR"] = asked
+    flags = ["--port", "0", "--http-port", "-1", "--metrics-port", "-1", "--model-dir", "/nonexistent"]
+    done = subprocess.run(
+        [sys.executable, "-m", "server", *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"allocator: {mapped}\n" in done.stderr
 
 
 def test_info_states_the_budgets_chosen(tiny_artifacts: Path) -> None:
