@@ -114,6 +114,7 @@ MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_":
 # peak stays where glibc's settings hold it.
 JEMALLOC = "libjemalloc.so.2"
 JEMALLOC_CONF = "narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+JEMALLOC_SETTINGS = {"LD_PRELOAD": JEMALLOC, "MALLOC_CONF": JEMALLOC_CONF}
 ALLOCATOR_VARIABLE = "EMBED_ALLOCATOR"  # "glibc" keeps glibc's malloc where jemalloc is installed
 
 
@@ -127,8 +128,10 @@ def allocator_settings() -> dict[str, str]:
     """The allocator's environment the server runs with: glibc's settings, and jemalloc preloaded where it is
     installed, unless EMBED_ALLOCATOR is ``glibc``."""
     settings = dict(MALLOC_SETTINGS)
-    if os.environ.get(ALLOCATOR_VARIABLE, "auto") != "glibc" and jemalloc_installed():
-        settings.update(LD_PRELOAD=JEMALLOC, MALLOC_CONF=JEMALLOC_CONF)
+    # Where both are set already (by the image, or by the restart below) they stand: no need to ask ldconfig.
+    unset = any(not os.environ.get(name) for name in JEMALLOC_SETTINGS)
+    if unset and os.environ.get(ALLOCATOR_VARIABLE, "auto") != "glibc" and jemalloc_installed():
+        settings.update(JEMALLOC_SETTINGS)
     return settings
 
 

@@ -143,12 +143,12 @@ def test_the_image_and_the_deployment_follow_the_memory_sizing_rule() -> None:
     """The serving image installs jemalloc and sets the allocator settings the server would otherwise restart
     itself for (server/memory.py, ``allocator_settings``); the pod's memory limit is the one the flood test
     holds peak RSS to 75% of (tests/reliability/test_flood.py)."""
-    from server.memory import JEMALLOC, JEMALLOC_CONF, MALLOC_SETTINGS
+    from server.memory import JEMALLOC_SETTINGS, MALLOC_SETTINGS
     from tests.reliability.test_flood import LIMIT_MIB
 
     text = (K8S.parent / "Dockerfile").read_text()
     serve = text[text.index(" AS serve\n") : text.index(" AS artifacts\n")]
-    for name, value in {**MALLOC_SETTINGS, "LD_PRELOAD": JEMALLOC, "MALLOC_CONF": JEMALLOC_CONF}.items():
+    for name, value in {**MALLOC_SETTINGS, **JEMALLOC_SETTINGS}.items():
         assert f"{name}={value}" in serve
     assert 'apt-get install -y --no-install-recommends "libjemalloc2=5.3.*"' in serve
     (deployment,) = by_kind("Deployment")
