@@ -65,7 +65,7 @@ class EmbeddingServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.state = ServingState()
+        self.state = ServingState(config.idle_poll_us / 1e6)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port = 0

@@ -169,6 +169,12 @@ class ServerConfig:
         "queued, runs on the event loop instead of the inference thread: at one client the hop there and back "
         "is a large share of a short text's wait (0 = off)",
     )
+    idle_poll_us: int = setting(
+        200,
+        "once no request is in progress, the event loop polls its sockets this long before sleeping, so a lone "
+        "client's next request finds it awake: at most this much of one core after each such answer, none under "
+        "load (0 = sleep at once)",
+    )
     tokenizer_threads: int = setting(2, "threads tokenizing off the event loop")
     workers: int = setting(1, "server processes sharing the port (SO_REUSEPORT); worker i serves metrics on port + i")
     reuse_port: bool = setting(False, "let several processes bind the port (set for each worker by `--workers`)")
@@ -233,6 +239,8 @@ class ServerConfig:
             problems.append("workers must be at least 1")
         if self.max_streams < 1:
             problems.append("max_streams must be at least 1")
+        if self.idle_poll_us < 0:
+            problems.append("idle_poll_us must not be negative (0 = off)")
         if self.one_thread_batch_tokens < -1:
             problems.append("one_thread_batch_tokens must be -1 (measured), 0 (off) or a number of tokens")
         problems.extend(_model_problems(self.model))

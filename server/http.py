@@ -240,7 +240,7 @@ class HttpApi:
             await _respond(send, status, body, self.state.draining, origin, [*extra, (REQUEST_ID, request_id)])
             return
         started = time.perf_counter()
-        self.state.in_flight += 1
+        self.state.request_started()
         connection: ConnectionRequests | None = scope.get(CONNECTION)
         task = asyncio.current_task()
         if connection is not None and task is not None:
@@ -258,7 +258,7 @@ class HttpApi:
         except Exception as e:
             status, body = self._refused(e, scope, label, request_id)
         finally:
-            self.state.in_flight -= 1
+            self.state.request_finished()
             if connection is not None and task is not None:
                 connection.running.discard(task)
         model = scope.get("embed.model", "")

@@ -15,6 +15,7 @@ from contract.manifest import MANIFEST_FILE, MODEL_FILES, TOKENIZER_FILE, Manife
 from server.batcher import Batcher, BatchPolicy
 from server.config import ServerConfig
 from server.errors import NotReady, UnknownModel
+from server.loops import IdlePoll
 from server.pipeline import Pipeline
 from server.runtime import OnnxRuntime, RuntimeOptions
 from server.tokenize import TextTokenizer
@@ -143,7 +144,7 @@ class ServingState:
     gRPC's own stop() refuses new calls at the transport (see EmbeddingServer.stop).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, idle_poll_seconds: float = 0.0) -> None:
         # Set once every model is loaded and warm: until then every model-bound call is NotReady.
         self.models: dict[str, ServedModel] = {}  # the default first
         # Other names a model answers to: the Triton repository's folder name (its model_id without the
@@ -152,6 +153,16 @@ class ServingState:
         self.draining = False
         self.unhealthy: set[str] = set()  # models whose backend fails every batch now
         self.in_flight = 0  # RPCs inside a handler now; drain waits for this to reach 0
+        self.idle_poll = IdlePoll(idle_poll_seconds, lambda: self.in_flight > 0)
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+
+    def request_finished(self) -> None:
+        """A request of either protocol left its handler; the last one in progress starts the loop's idle poll."""
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.idle_poll.start()
 
     @property
     def ready(self) -> bool:

@@ -262,7 +262,7 @@ class RpcAccounting:
         """Counts the RPC with the code the handler records (OK unless it says otherwise)."""
         call = Call()
         started = time.perf_counter()
-        self.state.in_flight += 1
+        self.state.request_started()
         try:
             yield call
         except asyncio.CancelledError:  # the client went away, or its deadline passed while we worked
@@ -277,7 +277,7 @@ class RpcAccounting:
                 call.code = grpc.StatusCode.UNKNOWN
             raise
         finally:
-            self.state.in_flight -= 1
+            self.state.request_finished()
             self.metrics.answered("grpc", method, call.code.name, call.model, time.perf_counter() - started)
 
     def _admit(self, request: Any, call: Call, name_field: str = "model") -> ServedModel:
