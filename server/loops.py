@@ -1,4 +1,5 @@
-"""The event loops the server can run on (``--event-loop``), and running a coroutine on one.
+"""The event loops the server can run on (``--event-loop``), running a coroutine on one, and the idle poll
+that keeps the running loop awake for a while after its last answer (``--idle-poll-us``).
 
 uvloop (libuv) is the default: every request passes through the event-loop thread, and uvloop's
 futures, callbacks and wake-ups from other threads cost less CPU than asyncio's own loop
@@ -43,9 +44,9 @@ class IdlePoll:
     answered, instead of going to sleep in epoll at once.
 
     A lone client's next request comes a fraction of a millisecond after its answer. A loop asleep by then, on a
-    core that has gone idle, is woken first; on the 2-core VMs that wake-up took 0.03-0.16 ms of a one-client
-    request's 0.5-0.8 ms (docs/http.md, "One client"). Under load a request is always in progress, so the loop
-    never polls; at one client it spends at most ``window`` of one core after each answer.
+    core that has gone idle, is woken first, and on a 2-core VM that wake-up was about a tenth of a one-client
+    request's time (docs/decisions/0031). Under load a request is always in progress, so the loop never polls; at
+    one client it spends at most ``window`` of one core after each answer.
     """
 
     def __init__(self, window: float, busy: Callable[[], bool]) -> None:
