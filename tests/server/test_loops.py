@@ -98,7 +98,7 @@ def wait_for_the_poll_to_end(server: ServerThread) -> None:
 
 
 def test_the_last_request_answered_over_either_protocol_starts_the_poll(tiny_artifacts: Path) -> None:
-    server = ServerThread(server_config(tiny_artifacts, idle_poll_us=500_000))
+    server = ServerThread(server_config(tiny_artifacts, idle_poll_us=1_500_000))
     try:
         assert not server.server.state.idle_poll.polling
         url = f"http://127.0.0.1:{server.server.http_port}/v1/embeddings"
