@@ -3,7 +3,7 @@ that keeps the running loop awake for a while after its last answer (``--idle-po
 
 uvloop (libuv) is the default: every request passes through the event-loop thread, and uvloop's
 futures, callbacks and wake-ups from other threads cost less CPU than asyncio's own loop
-(docs/benchmarks.md, "What was tried"). asyncio's loop stays available as the plain reference.
+(docs/performance.md, "What was tried"). asyncio's loop stays available as the plain reference.
 """
 
 from __future__ import annotations
