@@ -13,7 +13,7 @@ import pytest
 
 from embedding.v1 import embedding_pb2
 from server.loops import EVENT_LOOPS, IdlePoll, run
-from tests.conftest import ServerThread, server_config
+from tests.conftest import ServerThread, eventually, server_config
 
 
 def on_each_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -91,10 +91,7 @@ def test_a_second_answer_within_the_window_extends_it_with_one_poller() -> None:
 
 
 def wait_for_the_poll_to_end(server: ServerThread) -> None:
-    deadline = time.monotonic() + 10
-    while server.server.state.idle_poll.polling and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not server.server.state.idle_poll.polling, "the poll did not end after its window"
+    eventually(lambda: not server.server.state.idle_poll.polling, what="the poll ended after its window")
 
 
 def test_the_last_request_answered_over_either_protocol_starts_the_poll(tiny_artifacts: Path) -> None:
