@@ -116,7 +116,7 @@ readme: setup
 lint: dev-setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy contract model export server bench loadtest
+	$(PY) -m mypy contract model export server client bench loadtest
 
 LOADTEST_USERS ?= 32
 LOADTEST_SPAWN_RATE ?= 8

@@ -29,11 +29,11 @@ from bench import measure
 from bench.report import targets, write_report
 from contract.manifest import MANIFEST_FILE, Manifest
 from loadtest.run import local_server
-from server.batcher import BatchPolicy
+from server.backend.ort import OnnxRuntime, RuntimeOptions, pad_rows
 from server.config import ServerConfig
-from server.models import batch_policy, batch_token_budget
-from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
-from server.tokenize import TextTokenizer
+from server.core.batcher import BatchPolicy
+from server.core.tokenizer import TextTokenizer
+from server.loading import batch_policy, batch_token_budget
 
 CONCURRENCY = (1, 8, 32, 64, 128)
 BATCH8_CONCURRENCY = (4, 16, 32)

@@ -24,8 +24,8 @@ import onnxruntime as ort
 
 from bench.measure import ROOT, cpu_name, gpu_name, merge_counts, nvidia_smi, texts_on_disk, traffic, workers_reading
 from bench.report import table
-from server.runtime import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
-from server.tokenize import TextTokenizer
+from server.backend.ort import CUDA, OnnxRuntime, RuntimeOptions, pad_rows
+from server.core.tokenizer import TextTokenizer
 
 FP32_MAX_ABS = 1e-4
 FP16_MIN_COSINE = 0.999

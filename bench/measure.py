@@ -23,8 +23,8 @@ import numpy as np
 
 from bench import loadgen
 from loadtest.run import LocalServer, free_port, local_server, wait_listening, wait_serving, wait_workers_loaded
-from server.batcher import Backend, Batcher, BatchObserver, BatchPolicy
-from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
+from server.backend.ort import OnnxRuntime, RuntimeOptions, pad_rows
+from server.core.batcher import Backend, Batcher, BatchObserver, BatchPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC_TEXTS = 3000  # held-out WordNet texts in the benchmark's length mix

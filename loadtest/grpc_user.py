@@ -16,10 +16,10 @@ grpc_gevent.init_gevent()
 
 from locust import User  # noqa: E402
 
+from client import Security  # noqa: E402
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc  # noqa: E402
-from server.client import Security  # noqa: E402
-from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE  # noqa: E402
-from server.open_inference import pb as inference_pb  # noqa: E402
+from server.api.oip import SERVICE_NAME as INFERENCE_SERVICE  # noqa: E402
+from server.api.oip import pb as inference_pb  # noqa: E402
 
 
 class GrpcCallFailed(Exception):
@@ -38,7 +38,7 @@ class GrpcUser(User):
         super().__init__(environment)
         target = (self.host or "localhost:50051").removeprefix("grpc://").removeprefix("http://")
         self.channel = grpc.insecure_channel(target)
-        # The bearer token a protected server asks for, from the variable the HTTP user and server.client read.
+        # The bearer token a protected server asks for, from the variable the HTTP user and client read.
         self.metadata = Security(token=os.environ.get("EMBED_AUTH_TOKEN", "")).metadata()
         self.stub = embedding_pb2_grpc.EmbedderStub(self.channel)
         self.model_infer_call = self.channel.unary_unary(

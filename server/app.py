@@ -26,21 +26,22 @@ from grpc_reflection.v1alpha import reflection
 
 from embedding.v1 import embedding_pb2
 from server import loops, memory
-from server.admission import Admission
+from server.api.grpc import SERVICE_NAME, EmbedderService, add_to_server
+from server.api.http.app import HttpApi
+from server.api.http.connection import UnsentAnswers, protocol_class
+from server.api.oip import SERVICE_NAME as INFERENCE_SERVICE_NAME
+from server.api.oip import OpenInferenceService
+from server.api.oip import add_to_server as add_inference_to_server
+from server.api.rpc import status_for
 from server.auth import BearerTokenInterceptor, server_credentials
-from server.backend import OnnxBackend
-from server.batcher import Batcher
+from server.backend.ort import OnnxBackend, ProviderUnavailable
 from server.config import ServerConfig, parse_config
-from server.http import HttpApi
-from server.http_connection import UnsentAnswers, protocol_class
+from server.core.admission import Admission
+from server.core.batcher import Batcher
+from server.core.pipeline import Limits, Pipeline
+from server.core.registry import VERSION, ServedModel, ServingState
+from server.loading import LoadedModel, batch_policy, load_model
 from server.metrics import Metrics
-from server.models import VERSION, LoadedModel, ServedModel, ServingState, batch_policy, load_model
-from server.open_inference import SERVICE_NAME as INFERENCE_SERVICE_NAME
-from server.open_inference import OpenInferenceService
-from server.open_inference import add_to_server as add_inference_to_server
-from server.pipeline import Limits, Pipeline
-from server.runtime import ProviderUnavailable
-from server.service import SERVICE_NAME, EmbedderService, add_to_server, status_for
 
 log = logging.getLogger("server")
 SERVING = health_pb2.HealthCheckResponse.SERVING

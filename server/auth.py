@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from server.errors import Unauthenticated
+from server.core.errors import Unauthenticated
 
 
 def check_tls_files(cert: str, key: str, client_ca: str = "") -> None:

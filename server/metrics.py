@@ -27,7 +27,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from server.batcher import BatchObserver
+from server.core.batcher import BatchObserver
+from server.core.pipeline import PipelineObserver
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -229,7 +230,7 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-class ModelMetrics(BatchObserver):
+class ModelMetrics(BatchObserver, PipelineObserver):
     """The series of one model, children bound once: observing costs no label lookup per call."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
@@ -254,6 +255,14 @@ class ModelMetrics(BatchObserver):
 
     def rejected(self, reason: str) -> None:
         self.rejections[reason].inc()
+
+    # ---- PipelineObserver -------------------------------------------------------------------
+    def tokenized(self, seconds: float) -> None:
+        self.tokenize_duration.observe(seconds)
+
+    def embedded(self, inputs: int, tokens: int) -> None:
+        self.inputs.inc(inputs)
+        self.tokens.inc(tokens)
 
     # ---- BatchObserver ----------------------------------------------------------------------
     def dropped(self, reason: str, items: int) -> None:

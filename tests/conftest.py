@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from server.admission import Ticket
+from server.api.grpc import Received
 from server.app import EmbeddingServer, create_server
 from server.config import ServerConfig
-from server.service import Received
+from server.core.admission import Ticket
 
 ROOT = Path(__file__).resolve().parents[1]
 # A line of the server's log: time, level, logger (every line it writes, gRPC's and uvicorn's included).
@@ -236,8 +236,8 @@ def served(tiny_artifacts: Path) -> Iterator[ServerThread]:
 @pytest.fixture(scope="session")
 def reference(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
     """ONNX Runtime on one text at a time: what every served embedding must equal."""
-    from server.runtime import OnnxRuntime, RuntimeOptions
-    from server.tokenize import TextTokenizer
+    from server.backend.ort import OnnxRuntime, RuntimeOptions
+    from server.core.tokenizer import TextTokenizer
 
     tokenizer = TextTokenizer(tiny_artifacts / "tokenizer.json")
     runtime = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu"), pad_id=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = "tests|server|model|export|bench|loadtest|contract|deploy|monitoring|scripts|protos|docs"
+PACKAGES = "tests|server|client|model|export|bench|loadtest|contract|deploy|monitoring|scripts|protos|docs"
 # A repository path in backticks with a file extension or a closing slash, and optionally a test in it.
 PATH = re.compile(rf"`((?:{PACKAGES})/[\w./-]*(?:\.\w+|/))(?:::(\w+))?`")
 TEST_NAME = re.compile(r"`(test_\w+)`")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench.measure import MATMUL_PEAK_KERNEL, forward_flops, matmul_session, plan_batches
-from server.batcher import BatchPolicy
+from server.core.batcher import BatchPolicy
 from tests.conftest import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from embedding.v1 import embedding_pb2_grpc
 from loadtest.run import local_server
+from server.api.grpc import STREAM_WINDOW
 from server.memory import rss_bytes
-from server.service import STREAM_WINDOW
 from tests.conftest import GatedBackend, ServerThread, counter, eventually, request, requests_by_code, server_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from server.admission import Ticket
+from server.core.admission import Ticket
 from tests.conftest import ServerThread, eventually, request, server_config
 
 SECONDS = 6.0

@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
-from server.admission import Admission
-from server.errors import Overloaded
+from server.core.admission import Admission
+from server.core.errors import Overloaded
 
 
 def test_bodies_beyond_the_byte_budget_are_refused_and_released_bytes_return() -> None:

@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from contract.manifest import Manifest
-from server.backend import OnnxBackend
-from server.batcher import Batcher, BatchPolicy
-from server.runtime import OnnxRuntime, RuntimeOptions
+from server.backend.ort import OnnxBackend, OnnxRuntime, RuntimeOptions
+from server.core.batcher import Batcher, BatchPolicy
 
 
 def backend(folder: Path) -> OnnxBackend:

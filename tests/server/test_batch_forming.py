@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.batch_forming import MEASURED_SHARE, BatchBudget, take_fifo, take_sorted
+from server.core.batch_forming import MEASURED_SHARE, BatchBudget, take_fifo, take_sorted
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from server.batcher import Batcher, BatchObserver, BatchPolicy
-from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from server.core.batcher import MIN_DEADLINE_MARGIN, Batcher, BatchObserver, BatchPolicy
+from server.core.clock import MONOTONIC, Clock
+from server.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from tests.fake_clock import FakeClock, until
 
 
 class FakeRuntime:
@@ -131,19 +132,19 @@ def test_admission_refuses_whole_requests_and_queues_nothing() -> None:
 def test_expired_and_cancelled_items_are_never_computed() -> None:
     async def run() -> FakeRuntime:
         runtime = FakeRuntime()
-        now = [100.0]  # the batcher's clock: the deadline passes when the test says so
-        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), clock=lambda: now[0])
+        clock = FakeClock()  # moved without firing its timers: the deadline passes while the batch runs
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), clock=clock)
         batcher.start()
         loop = asyncio.get_running_loop()
         first = asyncio.create_task(batcher.submit([row(1)]))
         await settle()
 
-        expired = asyncio.create_task(batcher.submit([row(11), row(11)], deadline=now[0] + 1.0))
+        expired = asyncio.create_task(batcher.submit([row(11), row(11)], deadline=clock.now() + 1.0))
         cancelled = asyncio.create_task(batcher.submit([row(12)]))
         kept = asyncio.create_task(batcher.submit([row(13)]))
         await settle()
         cancelled.cancel()
-        now[0] += 2.0  # past the deadline while it waits behind the running batch
+        clock.jump(2.0)  # past the deadline while it waits behind the running batch
         await settle()
         runtime.release.set()
         with pytest.raises(DeadlineExceeded):
@@ -225,24 +226,36 @@ def test_drain_answers_admitted_work_and_refuses_new() -> None:
     asyncio.run(run())
 
 
-def test_max_delay_lets_a_batch_fill_at_low_load() -> None:
-    async def run(delay: float) -> list[list[int]]:
+def test_an_idle_backend_takes_each_request_at_once_without_a_fill_window() -> None:
+    async def run() -> list[list[int]]:
         runtime = FakeRuntime(hold_first=False)
-        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000, max_delay=delay))
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000, max_delay=0.0), clock=FakeClock())
         batcher.start()
-
-        async def late(n: int) -> None:
-            # 100 ms apart: a batch of one runs in well under that even on a loaded 2-core CI machine
-            # (20 ms apart, a stalled thread start once let two requests share a batch there).
-            await asyncio.sleep(0.1 * n)
-            await batcher.submit([row(3)])
-
-        await asyncio.gather(*(late(n) for n in range(3)))
+        for _ in range(3):  # time stands still: no request waits for it
+            await asyncio.wait_for(batcher.submit([row(3)]), 10)
         await batcher.close()
         return runtime.batches
 
-    assert len(asyncio.run(run(0.0))) == 3  # idle backend: each request leaves at once
-    assert len(asyncio.run(run(0.6))) == 1  # a fill window gathers the three (they arrive within 0.2 s)
+    assert asyncio.run(run()) == [[3], [3], [3]]
+
+
+def test_max_delay_lets_a_batch_fill_at_low_load() -> None:
+    async def run() -> list[list[int]]:
+        runtime = FakeRuntime(hold_first=False)
+        clock = FakeClock()
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000, max_delay=0.6), clock=clock)
+        batcher.start()
+        requests = []
+        for _ in range(3):  # 0.1 s apart
+            requests.append(asyncio.create_task(batcher.submit([row(3)])))
+            await clock.advance(0.1)
+        assert runtime.batches == [], "a batch left before its oldest item had waited max_delay"
+        await clock.advance(0.3)  # the oldest item has now waited 0.6 s
+        await asyncio.wait_for(asyncio.gather(*requests), 10)
+        await batcher.close()
+        return runtime.batches
+
+    assert asyncio.run(run()) == [[3, 3, 3]]
 
 
 def test_the_inference_thread_leaves_an_underfilled_batch_to_the_max_delay_window() -> None:
@@ -250,16 +263,21 @@ def test_the_inference_thread_leaves_an_underfilled_batch_to_the_max_delay_windo
 
     async def run() -> list[list[int]]:
         runtime = FakeRuntime()
-        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000, max_delay=1.0))
+        clock = FakeClock()
+        batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000, max_delay=1.0), clock=clock)
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await asyncio.sleep(1.1)  # the first batch leaves when its window closes, and is held in the backend
+        await clock.advance(1.0)  # the first batch leaves when its window closes, and is held in the backend
+        await until(lambda: batcher.queued_items == 0, "the first batch taken")
         early = asyncio.create_task(batcher.submit([row(2)]))
         await settle()
-        runtime.release.set()  # done while ``early`` has waited well under max_delay
+        runtime.release.set()  # done while ``early`` has waited no time at all on the batcher's clock
+        await asyncio.wait_for(first, 10)
         await settle()
+        assert runtime.batches == [[1]], "the thread took an underfilled batch before its window closed"
         late = asyncio.create_task(batcher.submit([row(2)]))  # the same length: the padding cap keeps them together
-        await asyncio.gather(first, early, late)
+        await clock.advance(1.0)
+        await asyncio.wait_for(asyncio.gather(early, late), 10)
         await batcher.close()
         return runtime.batches
 
@@ -323,7 +341,7 @@ class Recorder(BatchObserver):
 
 
 async def held_batcher(
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = MONOTONIC,
 ) -> tuple[FakeRuntime, Recorder, Batcher, asyncio.Task]:  # type: ignore[type-arg]
     """A batcher whose first batch (one row) is running and held in the backend until runtime.release."""
     runtime = FakeRuntime()
@@ -430,12 +448,12 @@ def test_queue_gauges_follow_what_the_inference_thread_drops_when_no_batch_follo
     with nothing left to run after them, the gauges still fall to zero."""
 
     async def run() -> None:
-        now = [100.0]  # the batcher's clock; the loop's timers (armed ~10 s ahead) never fire here
-        runtime, recorder, batcher, running = await held_batcher(clock=lambda: now[0])
-        doomed = asyncio.create_task(batcher.submit([row(5), row(6)], deadline=now[0] + 10))
+        clock = FakeClock()  # moved without firing its timers: the inference thread finds the deadline in reach
+        runtime, recorder, batcher, running = await held_batcher(clock)
+        doomed = asyncio.create_task(batcher.submit([row(5), row(6)], deadline=clock.now() + 10))
         await settle()
         assert recorder.queue[-1] == (2, 11)
-        now[0] += 10.0  # the deadline comes within reach while the first batch runs
+        clock.jump(10.0)  # the deadline comes within reach while the first batch runs
         runtime.release.set()
         await running
         with pytest.raises(DeadlineExceeded):
@@ -450,11 +468,16 @@ def test_queue_gauges_follow_what_the_inference_thread_drops_when_no_batch_follo
 
 def test_a_deadline_that_cannot_be_met_fails_before_it_passes_and_is_never_computed() -> None:
     async def run() -> tuple[FakeRuntime, Recorder]:
-        runtime, recorder, batcher, running = await held_batcher()
-        deadline = time.monotonic() + 0.2
+        clock = FakeClock()
+        runtime, recorder, batcher, running = await held_batcher(clock)
+        deadline = clock.now() + 0.2
+        doomed = asyncio.create_task(batcher.submit([row(7), row(7)], deadline=deadline))
+        await clock.advance(0.2 - MIN_DEADLINE_MARGIN - 0.01)
+        assert not doomed.done(), "failed earlier than the deadline's margin"
+        await clock.advance(0.02)
         with pytest.raises(DeadlineExceeded):
-            await asyncio.wait_for(batcher.submit([row(7), row(7)], deadline=deadline), 5)
-        assert time.monotonic() < deadline  # failed by the server before the deadline, not at it
+            await asyncio.wait_for(doomed, 5)
+        assert clock.now() < deadline  # failed by the server before the deadline, not at it
         await settle()
         assert recorder.drops == {"deadline": 2} and batcher.queued_items == 0
         runtime.release.set()
@@ -471,14 +494,14 @@ def test_a_cancellation_too_close_to_the_deadline_to_make_it_counts_as_the_deadl
     client's own cancellation at its deadline can come first. It is the deadline's, not a cancellation."""
 
     async def run() -> Recorder:
-        now = [100.0]  # the batcher's clock; the loop's timers (armed ~10 s ahead) never fire here
-        runtime, recorder, batcher, running = await held_batcher(clock=lambda: now[0])
-        early = asyncio.create_task(batcher.submit([row(3)], deadline=now[0] + 10))
-        late = asyncio.create_task(batcher.submit([row(4), row(4)], deadline=now[0] + 10.01))
+        clock = FakeClock()  # moved without firing its timers: the cancellation comes before the loop's timer
+        runtime, recorder, batcher, running = await held_batcher(clock)
+        early = asyncio.create_task(batcher.submit([row(3)], deadline=clock.now() + 10))
+        late = asyncio.create_task(batcher.submit([row(4), row(4)], deadline=clock.now() + 10.01))
         await settle()
         early.cancel()  # 10 s before its deadline: the client went away
         await settle()
-        now[0] += 10.0  # ``late`` is 10 ms from its deadline, within the margin: it cannot make it
+        clock.jump(10.0)  # ``late`` is 10 ms from its deadline, within the margin: it cannot make it
         late.cancel()
         await settle()
         runtime.release.set()
@@ -541,29 +564,30 @@ def test_an_unhealthy_backend_is_probed_and_recovers_without_traffic() -> None:
             return np.ones((len(rows), 2), dtype=np.float32)
 
         reports: list[bool] = []
+        clock = FakeClock()
         batcher = Batcher(
             backend,
             BatchPolicy(max_queue_tokens=10_000),
+            clock=clock,
             on_backend_health=reports.append,
             unhealthy_after=2,
             probe_rows=[row(2)],
-            probe_interval=0.05,
+            probe_interval=1.0,
         )
         batcher.start()
         for _ in range(2):
             with pytest.raises(InferenceFailed):
                 await batcher.submit([row(3)])
         assert reports == [False] and not batcher.healthy
-        for _ in range(200):  # three probes run and fail: still unhealthy
-            if calls >= 5:
-                break
-            await asyncio.sleep(0.01)
-        assert calls >= 5 and reports == [False]
+        await clock.advance(0.9)
+        assert calls == 2, "probed before the probe interval"
+        for probes in range(1, 4):  # three probes run and fail: still unhealthy
+            await clock.advance(1.0)
+            await until(lambda n=probes: calls == 2 + n, f"probe {probes}")
+        assert reports == [False]
         broken.clear()  # the backend recovers; no request is sent
-        for _ in range(100):
-            if batcher.healthy:
-                break
-            await asyncio.sleep(0.02)
+        await clock.advance(1.0)
+        await until(lambda: batcher.healthy, "the probe after recovery reporting healthy")
         await batcher.close()
         return reports
 
@@ -639,10 +663,10 @@ def test_the_last_quarter_of_the_queue_takes_only_short_requests() -> None:
 
 def test_the_token_budget_shrinks_by_the_slowdown_under_load_and_grows_back() -> None:
     async def run() -> None:
-        now, slowdown = [0.0], [1.0]  # the batcher's clock; how much slower than at warm-up batches run
+        clock, slowdown = FakeClock(0.0), [1.0]  # the batcher's clock; how much slower than at warm-up batches run
 
         def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
-            now[0] += (0.01 + 1e-4 * len(rows) * max(len(r) for r in rows)) * slowdown[0]
+            clock.jump((0.01 + 1e-4 * len(rows) * max(len(r) for r in rows)) * slowdown[0])
             return np.ones((len(rows), 2), dtype=np.float32)
 
         # At warm-up: 10 ms a batch plus 0.1 ms a padded token, so 900 tokens run in 0.1 s.
@@ -656,7 +680,7 @@ def test_the_token_budget_shrinks_by_the_slowdown_under_load_and_grows_back() ->
         budgets: list[int] = []
         observer = BatchObserver()
         observer.budget_changed = budgets.append  # type: ignore[method-assign]
-        batcher = Batcher(backend, policy, observer=observer, clock=lambda: now[0])
+        batcher = Batcher(backend, policy, observer=observer, clock=clock)
         batcher.start()
 
         async def load(length: int) -> None:  # 10,000 tokens in rows of one length

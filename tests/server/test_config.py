@@ -174,7 +174,7 @@ def test_the_start_line_names_each_port_as_bound_or_says_it_is_off(
 
 
 def test_cuda_asked_for_where_it_does_not_load_stops_the_server_with_exit_2(tiny_artifacts: Path) -> None:
-    from server.runtime import OnnxRuntime, ProviderUnavailable, RuntimeOptions
+    from server.backend.ort import OnnxRuntime, ProviderUnavailable, RuntimeOptions
 
     try:
         OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cuda"), pad_id=0)
@@ -209,7 +209,7 @@ def test_an_empty_token_variable_or_flag_refuses_to_start(value: str) -> None:
 
 
 def test_intra_op_spinning_reaches_the_onnx_runtime_session(tiny_artifacts: Path) -> None:
-    from server.models import load_model
+    from server.loading import load_model
 
     for flag, expected in (("false", "0"), ("true", "1")):
         config = parse_config(

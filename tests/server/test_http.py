@@ -22,7 +22,7 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 
-from server.http import openapi_document
+from server.api.http.app import openapi_document
 from tests.conftest import (
     GENERATED_ID,
     GatedBackend,
@@ -451,7 +451,7 @@ def test_a_500_is_logged_with_the_request_id_its_caller_was_given(
 
     server.server.batcher.swap_backend(fails)
     try:
-        with caplog.at_level(logging.WARNING, logger="server.http"):
+        with caplog.at_level(logging.WARNING, logger="server.api.http.app"):
             answer = httpx.post(base_url(server) + "/v1/embeddings", json={"input": "unlucky"}, timeout=20)
         assert answer.status_code == 500 and answer.json()["error"]["type"] == "server_error"
         request_id = answer.headers["x-request-id"]

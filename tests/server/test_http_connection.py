@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from server.http_connection import HEAD_METHOD
+from server.api.http.connection import HEAD_METHOD
 from tests.conftest import ServerThread, counter, eventually, read_response, server_config
 
 
@@ -39,7 +39,7 @@ def test_slow_headers_time_out_with_408_and_the_connection_closes(tiny_artifacts
 def test_a_request_head_over_the_limit_gets_431_and_is_never_buffered_whole(served: ServerThread) -> None:
     """httptools buffers a header until it ends: without a limit one connection held 129 MiB of a header
     before the header timeout cut it. Heads of common sizes (a long bearer token, cookies) still pass."""
-    from server.http_connection import MAX_HEAD_BYTES
+    from server.api.http.connection import MAX_HEAD_BYTES
 
     port = served.server.http_port
     before = unread_requests(served, "431")
@@ -148,7 +148,7 @@ def served_by_the_protocol(*requests: bytes) -> list[bytes]:
     import uvicorn
     from uvicorn.server import ServerState
 
-    from server.http_connection import protocol_class
+    from server.api.http.connection import protocol_class
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         body = b""
@@ -182,7 +182,7 @@ def served_by_the_protocol(*requests: bytes) -> list[bytes]:
 
 
 def test_only_the_responses_head_is_held_never_a_later_body_write() -> None:
-    from server.http_connection import OneWriteResponses
+    from server.api.http.connection import OneWriteResponses
 
     transport = RecordingTransport()
     writes = OneWriteResponses(transport)
@@ -220,7 +220,7 @@ class StalledConnection:
 
 
 def test_a_client_that_takes_no_byte_for_the_send_timeout_is_closed_and_a_slow_reader_is_kept() -> None:
-    from server.http_connection import UnsentAnswers
+    from server.api.http.connection import UnsentAnswers
     from server.metrics import Metrics
 
     async def scenario() -> None:  # a running loop for the sweep's timer; the sweeps here are called by hand
@@ -243,7 +243,7 @@ def test_a_client_that_takes_no_byte_for_the_send_timeout_is_closed_and_a_slow_r
 
 
 def test_past_their_memory_share_the_slowest_readers_go_first_and_none_stalled_within_the_grace() -> None:
-    from server.http_connection import STALL_GRACE_SECONDS, UnsentAnswers
+    from server.api.http.connection import STALL_GRACE_SECONDS, UnsentAnswers
     from server.metrics import Metrics
 
     async def scenario() -> None:

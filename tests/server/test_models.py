@@ -13,8 +13,8 @@ import tritonclient.grpc as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from server.runtime import OnnxRuntime, RuntimeOptions
-from server.tokenize import TextTokenizer
+from server.backend.ort import OnnxRuntime, RuntimeOptions
+from server.core.tokenizer import TextTokenizer
 from tests.conftest import GatedBackend, ServerThread, counter, eventually, server_config
 
 TEXTS = ["a dog", "the cat sat on the mat", "move fast"]
@@ -94,7 +94,7 @@ def test_answers_say_whether_the_asked_length_was_trained(two_models: ServerThre
     (its manifest's trained lengths): a field over gRPC, a header over HTTP, unset when not asked."""
     import httpx
 
-    from server.client import EmbeddingClient
+    from client import EmbeddingClient
 
     def grpc_says(model: str, dimensions: int | None) -> bool | None:
         message = embedding_pb2.EmbedRequest(inputs=TEXTS, model=model)

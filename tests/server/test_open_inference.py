@@ -15,9 +15,9 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from server.open_inference import SERVICE_NAME, pb
-from server.runtime import OnnxRuntime, RuntimeOptions, pad_rows
-from server.tokenize import TextTokenizer
+from server.api.oip import SERVICE_NAME, pb
+from server.backend.ort import OnnxRuntime, RuntimeOptions, pad_rows
+from server.core.tokenizer import TextTokenizer
 from tests.conftest import SENTENCES, PeerAtStartOnly, ServerThread, counter, request
 
 MODEL = "wordnet-encoder"  # the tiny model's manifest model_id: its served name

@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from server.runtime import (
+from server.backend.ort import (
     CAN_FLUSH_DENORMALS,
     OnnxRuntime,
     RuntimeOptions,
@@ -64,7 +64,7 @@ def test_run_flushes_denormals_on_the_thread_that_calls_it(tiny_artifacts: Path)
 def test_cuda_is_asked_for_true_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """ONNX Runtime's CUDA provider defaults to TF32 matrix products: 8e-4 off the CPU's embeddings on an
     H100, eight times the parity bar. The provider must be asked with TF32 off."""
-    from server import runtime
+    from server.backend import ort as runtime
 
     monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [runtime.CUDA, runtime.CPU])
     for option in ("auto", "cuda"):
@@ -95,7 +95,7 @@ def test_cuda_libraries_are_loaded_quietly_once_before_a_session_that_may_use_cu
 ) -> None:
     """CUDA and cuDNN from the nvidia-* wheels are on no library path: the runtime loads them itself
     (preload_dlls), once, and drops the lines preload_dlls prints where they are missing."""
-    from server import runtime
+    from server.backend import ort as runtime
 
     calls: list[int] = []
 
@@ -166,7 +166,7 @@ def test_beside_cuda_small_batches_run_on_a_one_thread_cpu_session(tiny_artifact
 
 
 def test_the_one_thread_limit_is_the_last_size_of_the_first_run_where_one_thread_is_no_slower() -> None:
-    from server.runtime import one_thread_limit
+    from server.backend.ort import one_thread_limit
 
     sizes = [8, 16, 32, 64]
     assert one_thread_limit(sizes, [1.0, 1.0, 3.0, 1.0], [2.0, 1.0, 2.0, 2.0]) == 16  # stops at the first loss
@@ -249,7 +249,7 @@ def test_cpu_sessions_run_the_cpu_graph_where_the_folder_has_one(tiny_artifacts:
 def test_cpu_sessions_go_without_the_skip_layer_norm_fusion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ONNX Runtime's CPU SkipLayerNormalization kernel ran both exported models slower than the residual Add and
     the LayerNormalization it replaces (decisions/0027); a session that may run on CUDA keeps the fusion."""
-    from server import runtime
+    from server.backend import ort as runtime
     from tests.onnx_tiny import optimized_op_types, residual_then_norm
 
     graph, written = residual_then_norm(tmp_path / "graph.onnx"), tmp_path / "optimized.onnx"

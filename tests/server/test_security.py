@@ -24,9 +24,9 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from client import EmbeddingClient, Security
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
 from loadtest.run import free_port, wait_serving
-from server.client import EmbeddingClient, Security
 from tests.conftest import LOG_LINE, ROOT, ServerThread, counter, serve_exits, server_config
 
 

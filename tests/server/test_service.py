@@ -18,11 +18,11 @@ from grpc._cython.cygrpc import ExecuteBatchError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from client import AsyncEmbeddingClient, EmbeddingClient
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from server.admission import Ticket
-from server.client import AsyncEmbeddingClient, EmbeddingClient
-from server.service import STREAM_WINDOW, embeddings_message
-from server.tokenize import TextTokenizer
+from server.api.grpc import STREAM_WINDOW, embeddings_message
+from server.core.admission import Ticket
+from server.core.tokenizer import TextTokenizer
 from tests.conftest import (
     GENERATED_ID,
     SENTENCES,
@@ -552,7 +552,7 @@ def test_full_queue_refuses_with_resource_exhausted_and_queues_nothing(tiny_arti
 def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(
     tiny_artifacts, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="server.service")
+    caplog.set_level(logging.WARNING, logger="server.api.rpc")
     server = ServerThread(server_config(tiny_artifacts))
     calls = []
 
@@ -571,7 +571,7 @@ def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(
         assert "RuntimeError" in error.value.details()
         assert len(stub.Embed(request("lucky", "again")).embeddings) == 2
         # The log names the id the caller was given, so the caller's report leads to it.
-        logged = [r.getMessage() for r in caplog.records if r.name == "server.service"]
+        logged = [r.getMessage() for r in caplog.records if r.name == "server.api.rpc"]
         assert any(request_id(error.value) in m and "INTERNAL" in m for m in logged), logged
     finally:
         server.stop()
@@ -580,7 +580,7 @@ def test_a_failing_batch_fails_only_its_requests_and_serving_goes_on(
 def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from server.client import main
+    from client import main
 
     assert main(["--target", served.target, "embed", "hello", "world"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -609,8 +609,8 @@ def test_cli_prints_json(served: ServerThread, capsys: pytest.CaptureFixture[str
 
 
 def test_server_serves_the_int8_model_when_asked(tiny_artifacts, reference) -> None:
-    from server.runtime import OnnxRuntime, RuntimeOptions
-    from server.tokenize import TextTokenizer
+    from server.backend.ort import OnnxRuntime, RuntimeOptions
+    from server.core.tokenizer import TextTokenizer
 
     rows = TextTokenizer(tiny_artifacts / "tokenizer.json").encode(SENTENCES, truncate=True).rows
     int8_alone = OnnxRuntime(tiny_artifacts, RuntimeOptions(provider="cpu", precision="int8"), pad_id=0)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from server.errors import InvalidInput
-from server.pipeline import Limits, validate
-from server.tokenize import TextTokenizer
+from server.core.errors import InvalidInput
+from server.core.pipeline import Limits, validate
+from server.core.tokenizer import TextTokenizer
 
 words = st.one_of(
     st.sampled_from(["the", "river", "photosynthesis", "a", "lungs", "x" * 150, "naïve", "café", ",", "!"]),

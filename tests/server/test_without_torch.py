@@ -18,15 +18,15 @@ class NoTorch(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoTorch())
-import server.app, server.client, server.workers  # noqa: E402
+import server.app, client, server.workers  # noqa: E402
 from server.config import ServerConfig  # noqa: E402
 
 async def main():
     config = ServerConfig(host="127.0.0.1", port=0, http_port=0, metrics_port=-1, model_dir=sys.argv[1])
     srv, port = await server.app.create_server(config)
-    client = server.client.AsyncEmbeddingClient(f"127.0.0.1:{port}")
-    result = await client.embed(["served without torch"])
-    await client.close()
+    embedder = client.AsyncEmbeddingClient(f"127.0.0.1:{port}")
+    result = await embedder.embed(["served without torch"])
+    await embedder.close()
     await srv.stop(1)
     print(len(result.embeddings[0]))
 

@@ -1,9 +1,9 @@
 """A small typed client for the embedding service (sync and asyncio) and a CLI.
 
-python -m server.client embed "some text" "more text"   # prints JSON
-python -m server.client info
-python -m server.client health
-python -m server.client --target host:50051 embed --no-normalize --truncate "..."
+python -m client embed "some text" "more text"   # prints JSON
+python -m client info
+python -m client health
+python -m client --target host:50051 embed --no-normalize --truncate "..."
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedding.v1 import embedding_pb2, embedding_pb2_grpc
-from server.request_ids import REQUEST_ID
+
+REQUEST_ID = "x-request-id"  # the header a failed call's trailing metadata names it in
 
 DEFAULT_TARGET = "localhost:50051"
 
@@ -239,7 +240,7 @@ class AsyncEmbeddingClient:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.client", description="Call the embedding service.")
+    parser = argparse.ArgumentParser(prog="python -m client", description="Call the embedding service.")
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"host:port (default {DEFAULT_TARGET})")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
     parser.add_argument("--tls-ca", default="", help="PEM CA of the server's certificate (turns TLS on)")
@@ -282,7 +283,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(out))
     # `health` doubles as a container health check: exit 0 only when SERVING.
     return 0 if args.command != "health" or out == {"status": "SERVING"} else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,8 +29,12 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
-from server.admission import Admission, Ticket
-from server.errors import (
+from server.api.http.fields import ParamError, openai_fields, optional_field, parse_input, tei_fields, token_rows
+from server.api.request_ids import REQUEST_ID as REQUEST_ID_NAME
+from server.api.request_ids import RequestIds
+from server.backend.ort import CUDA
+from server.core.admission import Admission, Ticket
+from server.core.errors import (
     BadInput,
     BodyTooLarge,
     Cancelled,
@@ -45,13 +49,9 @@ from server.errors import (
     UnknownModel,
     nearest_entry,
 )
-from server.http_fields import ParamError, openai_fields, optional_field, parse_input, tei_fields, token_rows
+from server.core.pipeline import Embedded, Tokenized, validate
+from server.core.registry import ServedModel, ServingState
 from server.metrics import Metrics
-from server.models import ServedModel, ServingState
-from server.pipeline import Embedded, Tokenized, validate
-from server.request_ids import REQUEST_ID as REQUEST_ID_NAME
-from server.request_ids import RequestIds
-from server.runtime import CUDA
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.errors import Overloaded
+from server.core.errors import Overloaded
 
 RESERVED_SHARE = 0.25  # of each budget: kept for clients holding nothing (calls) or small bodies (bytes)
 SMALL_SHARE = 1 / 64  # of max_bytes: a body this small may use the reserved bytes

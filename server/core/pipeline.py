@@ -4,7 +4,7 @@ Texts are tokenized by ``tokenize``; ``compute`` queues token rows, the tokenize
 own (the Open Inference Protocol's token mode), into the same batches. The two steps are apart so a
 front end can drop the request body in between: only the rows wait for the batch.
 
-server/service.py wraps it in gRPC; tests and the benchmark can drive it directly.
+The front ends in server/api wrap it; tests and the benchmark can drive it directly.
 """
 
 from __future__ import annotations
@@ -17,14 +17,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.backend import l2_normalize
-from server.batcher import Batcher
-from server.errors import BadInput, InvalidInput, TooManyInputs
-from server.metrics import ModelMetrics
-from server.tokenize import TextTokenizer, Token
+from server.core.batcher import Batcher
+from server.core.errors import BadInput, InvalidInput, TooManyInputs
+from server.core.normalize import l2_normalize
+from server.core.tokenizer import TextTokenizer, Token
 
 MIN_TOKENS_PER_INPUT = 2  # [CLS] and [SEP]
 INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event loop (~20 us a short text)
+
+
+class PipelineObserver:
+    """Hooks for metrics; the defaults do nothing. Called on the event loop thread."""
+
+    def tokenized(self, seconds: float) -> None: ...
+
+    def embedded(self, inputs: int, tokens: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ class Pipeline:
         tokenizer: TextTokenizer,
         batcher: Batcher,
         limits: Limits,
-        metrics: ModelMetrics,
+        metrics: PipelineObserver,
         tokenizer_threads: int,
         dim: int,
     ) -> None:
@@ -88,7 +95,7 @@ class Pipeline:
         self.tokenizer = tokenizer
         self.batcher = batcher
         self.limits = limits
-        self.metrics = metrics
+        self.observer = metrics
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
 
     async def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[Token]]:
@@ -113,7 +120,7 @@ class Pipeline:
             loop = asyncio.get_running_loop()
             encoded = await loop.run_in_executor(self._tokenize_pool, self.tokenizer.encode, prepared, truncate, texts)
         seconds = time.perf_counter() - started
-        self.metrics.tokenize_duration.observe(seconds)
+        self.observer.tokenized(seconds)
         return Tokenized(encoded.rows, encoded.truncated, seconds)
 
     async def compute(
@@ -140,8 +147,7 @@ class Pipeline:
         else:
             embeddings = result.embeddings[:, dim:] if normalize else result.embeddings[:, :dim]
         counts = [len(r) for r in rows]
-        self.metrics.inputs.inc(len(rows))
-        self.metrics.tokens.inc(sum(counts))
+        self.observer.embedded(len(rows), sum(counts))
         return Embedded(
             embeddings=embeddings,
             token_counts=counts,

@@ -39,7 +39,6 @@ import bisect
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -47,8 +46,9 @@ from typing import Protocol
 
 import numpy as np
 
-from server.batch_forming import BatchBudget, take_fifo, take_sorted
-from server.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from server.core.batch_forming import BatchBudget, take_fifo, take_sorted
+from server.core.clock import MONOTONIC, Clock, Timer
+from server.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class _Request:
     queue_seconds: float = 0.0
     inference_seconds: float = 0.0
     expired: bool = False
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None
 
 
 @dataclass(eq=False)
@@ -161,7 +161,7 @@ class Batcher:
         backend: Backend,
         policy: BatchPolicy,
         observer: BatchObserver | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = MONOTONIC,
         on_backend_health: Callable[[bool], None] | None = None,
         unhealthy_after: int = 5,
         probe_rows: Sequence[np.ndarray] = (),
@@ -258,7 +258,7 @@ class Batcher:
     async def submit(self, rows: Sequence[np.ndarray], deadline: float | None = None, client: str = "") -> EmbedResult:
         """Queue one request's token rows and wait for their embeddings, in order.
 
-        ``deadline`` is on this batcher's clock (``time.monotonic`` by default); ``client`` is the key
+        ``deadline`` is on this batcher's clock (``time.monotonic`` unless one was handed in); ``client`` is the key
         the queue is shared fairly by. Raises NotReady while draining, Overloaded when the queue is
         full, DeadlineExceeded, InferenceFailed.
         """
@@ -268,7 +268,7 @@ class Batcher:
             raise InvalidInput("no inputs")
         tokens = sum(len(r) for r in rows)
         self.check_room(tokens, client)
-        now = self._clock()
+        now = self._clock.now()
         loop = asyncio.get_running_loop()
         request = _Request(
             n=len(rows), deadline=deadline, admitted_at=now, future=loop.create_future(), remaining=len(rows)
@@ -354,13 +354,11 @@ class Batcher:
     async def _wait_for_fill(self) -> None:
         """At low load, let a batch fill for up to max_delay after its oldest item arrived."""
         while self._queue and not self._stopping:
-            remaining = self._fill_wait(self._clock())
+            remaining = self._fill_wait(self._clock.now())
             if remaining <= 0:
                 return
             self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
+            if not await self._clock.wait(self._wakeup, remaining):
                 return
 
     # ---- deadlines, cancellation and the queue's bookkeeping ----------------------------------
@@ -370,8 +368,8 @@ class Batcher:
 
     def _arm_deadline(self, request: _Request) -> None:
         assert request.deadline is not None
-        delay = request.deadline - self._deadline_margin() - self._clock()
-        request.timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._deadline_due, request)
+        delay = request.deadline - self._deadline_margin() - self._clock.now()
+        request.timer = self._clock.call_later(max(0.0, delay), self._deadline_due, request)
 
     def _cannot_meet_deadline(self, request: _Request, now: float) -> bool:
         return request.deadline is not None and now >= request.deadline - self._deadline_margin()
@@ -386,7 +384,7 @@ class Batcher:
         with self._lock:  # the inference thread may be taking its items into a batch right now
             if request.future.done() or request.queued == 0:
                 return  # answered, or all its items are computing already
-            if not self._cannot_meet_deadline(request, self._clock()):
+            if not self._cannot_meet_deadline(request, self._clock.now()):
                 self._arm_deadline(request)  # batches got faster meanwhile: check again later
                 return
             self._expire(request)
@@ -404,7 +402,7 @@ class Batcher:
     def _drop_dead(self) -> None:
         """Remove items whose request is finished (cancelled, failed) or cannot meet its deadline."""
         self._sweep_pending = False
-        now = self._clock()
+        now = self._clock.now()
         with self._lock:
             removed = self._remove_dead(now)
         self._account_removed(removed, now)
@@ -462,7 +460,7 @@ class Batcher:
     # ---- forming a batch --------------------------------------------------------------------
     def _take_batch(self) -> list[_Item]:
         """On the event loop, when no batch is running: the next batch, now the backend's running one."""
-        now = self._clock()
+        now = self._clock.now()
         with self._lock:
             batch, removed = self._take_locked(now)
         self._account_removed(removed, now)
@@ -508,14 +506,14 @@ class Batcher:
 
     async def _run(self, batch: list[_Item]) -> None:
         """Run ``batch``, and on the inference thread every batch that follows it without a pause."""
-        started = self._clock()
+        started = self._clock.now()
         self._batch_started(batch, started)
         rows = [item.row for item in batch]
         if len(rows) * max(len(r) for r in rows) <= self.policy.inline_batch_tokens and not self._queue:
             output, error = self._call_backend(rows)
             with self._lock:
                 self._running = []
-            self._batch_done(batch, output, error, started, self._clock())
+            self._batch_done(batch, output, error, started, self._clock.now())
             return
         loop = asyncio.get_running_loop()
         try:
@@ -534,7 +532,7 @@ class Batcher:
         the event loop, repeat until the queue is empty. Touches no future, timer or observer."""
         while batch:
             output, error = self._call_backend([item.row for item in batch])
-            finished = self._clock()
+            finished = self._clock.now()
             with self._lock:
                 # Not when stopping or with nothing queued, nor while a max_delay fill is still due (the
                 # event loop's _wait_for_fill times that).
@@ -649,7 +647,7 @@ class Batcher:
         """While unhealthy: run a small batch now and then, so the backend can recover without traffic."""
         loop = asyncio.get_running_loop()
         while not self._healthy and not self._stopping:
-            await asyncio.sleep(self._probe_interval)
+            await self._clock.sleep(self._probe_interval)
             if self._running or self._queue:
                 continue  # real batches are testing the backend
             try:

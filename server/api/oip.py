@@ -27,14 +27,14 @@ import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from server.admission import Admission
-from server.errors import BadInput, InvalidInput
+from server.api.rpc import Call, Received, RpcAccounting, deadline_of, receiving
+from server.core.admission import Admission
+from server.core.errors import BadInput, InvalidInput
+from server.core.pipeline import Tokenized, check_count
+from server.core.registry import ServedModel, ServingState
 from server.metrics import Metrics
-from server.models import ServedModel, ServingState
-from server.pipeline import Tokenized, check_count
-from server.service import Call, Received, RpcAccounting, deadline_of, receiving
 
-DESCRIPTOR_SET = Path(__file__).parent / "_proto" / "open_inference_grpc.binpb"
+DESCRIPTOR_SET = Path(__file__).resolve().parents[1] / "_proto" / "open_inference_grpc.binpb"  # make protos
 SERVICE_NAME = "inference.GRPCInferenceService"
 SERVER_NAME = "embedding-service"
 TRITON_VERSION = "1"  # the version folder of the Triton repository `make export` writes: accepted as an alias

@@ -18,8 +18,15 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from server.errors import EmbedError, InvalidInput, nearest_entry
-from server.http import CONNECTION, REASON_FOR_ERROR, ConnectionRequests, HeadersTimedOut, HeadTooLarge, error_body
+from server.api.http.app import (
+    CONNECTION,
+    REASON_FOR_ERROR,
+    ConnectionRequests,
+    HeadersTimedOut,
+    HeadTooLarge,
+    error_body,
+)
+from server.core.errors import EmbedError, InvalidInput, nearest_entry
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)

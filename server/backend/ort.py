@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.manifest import CPU_DISABLED_OPTIMIZERS, MODEL_FILES, cpu_model_path
+from server.core.normalize import l2_normalize
 
 log = logging.getLogger(__name__)
 
@@ -345,3 +346,24 @@ class OnnxRuntime:
         for batch, length in sorted(shapes):
             ids = np.full((batch, length), self.pad_id + 1, dtype=np.int64)
             self.run(ids, np.ones_like(ids))
+
+
+class OnnxBackend:
+    """The served model as the batcher runs it: on its inference thread, or on the event loop for a short
+    batch with nothing queued behind it (BatchPolicy.inline_batch_tokens)."""
+
+    def __init__(self, runtime: OnnxRuntime) -> None:
+        self.runtime = runtime
+
+    def pre(self, rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return pad_rows(rows, self.runtime.pad_id)
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return self.runtime.run(input_ids, attention_mask)
+
+    @staticmethod
+    def post(embeddings: np.ndarray) -> np.ndarray:
+        return np.concatenate([embeddings, l2_normalize(embeddings)], axis=1)
+
+    def __call__(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        return self.post(self.run(*self.pre(rows)))

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
-from server.errors import BadInput
+from server.core.errors import BadInput
 
 CUT_CHARS_PER_TOKEN = 10  # prefix kept per allowed token; real text averages 4-6 characters a token
 _LAST_WHITESPACE = re.compile(r"\s\S*\Z")

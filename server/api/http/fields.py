@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import InvalidInput
-from server.models import ServedModel
+from server.core.errors import InvalidInput
+from server.core.registry import ServedModel
 
 ENCODING_FORMATS = ("float", "base64")
 

@@ -1,0 +1,5 @@
+import sys
+
+from client import main
+
+sys.exit(main())
