@@ -13,11 +13,11 @@ DEV_STAMP := $(VENV)/.installed-dev
 PROTO := protos/embedding/v1/embedding.proto
 PROTO_OUT := embedding/v1/embedding_pb2.py
 # The Open Inference Protocol as a descriptor set: the server builds its messages in a private pool
-# (server/open_inference.py), so they never clash with tritonclient's copy of package `inference`.
+# (server/api/oip.py), so they never clash with tritonclient's copy of package `inference`.
 INFERENCE_PROTO := protos/inference/v2/open_inference_grpc.proto
 INFERENCE_OUT := server/_proto/open_inference_grpc.binpb
 
-.PHONY: setup dev-setup venv protos system-packages dev-system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained readme
+.PHONY: setup dev-setup venv protos system-packages dev-system-packages run train export serve test lint clean loadtest bench soak gpu-check export-pretrained config-table
 
 setup: system-packages venv protos
 # Prometheus first, with WordNet in the same apt-get run where both are missing (a fresh CI machine).
@@ -92,13 +92,13 @@ export-pretrained: setup
 $(ARTIFACTS)/minilm/manifest.json:
 	$(MAKE) export-pretrained
 
-# The distilled student (the default, under its manifest's model_id) and all-MiniLM-L6-v2 beside it.
+# all-MiniLM-L6-v2, the general model, as the default, and the distilled student (a WordNet specialist) beside it.
 run: setup $(ARTIFACTS)/model.onnx $(ARTIFACTS)/minilm/manifest.json
-	$(PY) -m server --model $(ARTIFACTS) --model $(ARTIFACTS)/minilm
+	$(PY) -m server --model $(ARTIFACTS)/minilm --model $(ARTIFACTS)
 
-# What is built, without building anything: the student and, when exported, all-MiniLM-L6-v2 beside it.
+# What is built, without building anything: all-MiniLM-L6-v2 first when exported, and the student.
 serve: setup
-	$(PY) -m server --model $(ARTIFACTS) $(if $(wildcard $(ARTIFACTS)/minilm/manifest.json),--model $(ARTIFACTS)/minilm)
+	$(PY) -m server $(if $(wildcard $(ARTIFACTS)/minilm/manifest.json),--model $(ARTIFACTS)/minilm) --model $(ARTIFACTS)
 
 # The server's tier first, with torch unimportable (models from tests/onnx_tiny.py), then everything else;
 # each on TEST_PROCESSES pytest-xdist workers (many tests wait on a server process, so they overlap well);
@@ -109,9 +109,9 @@ test: dev-setup
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) -p tests.no_torch $(SERVER_TIER)
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadfile $(addprefix --ignore=,$(SERVER_TIER))
 
-# The README's configuration table, from the settings' own descriptions (a test checks it is current).
-readme: setup
-	$(PY) -m server.config --readme README.md
+# docs/configuration.md's table, from the settings' own descriptions (a test checks it is current).
+config-table: setup
+	$(PY) -m server.config
 
 lint: dev-setup
 	$(PY) -m ruff check .

@@ -41,9 +41,8 @@ TRANSPORT_SINGLE = (1, 32, 128)  # the levels the serial limit is reported at, o
 TRANSPORT_BATCH8 = (16,)
 PROTOCOL_LOADS = [(1, 32), (8, 16), (1, 1)]  # (texts per request, clients): HTTP against gRPC
 MINILM_PROTOCOL_LOADS = [(1, 32), (8, 16)]
-# Five: the median then ignores two readings taken in stalls of the shared machine. all-MiniLM-L6-v2's readings
-# hold about 100 requests of 8 texts each, and its three rounds' HTTP / gRPC ratios at 8 x 16 read 0.88, 0.93
-# and 1.09 in the run of 2026-11-28 (2-core VM): three could not tell its 5% target from the noise.
+# Five: the median then ignores two readings taken in stalls of the shared machine; three rounds could not tell
+# all-MiniLM-L6-v2's 5% target from the noise of its short readings.
 PROTOCOL_ROUNDS = 5
 MINILM_CONCURRENCY = (32, 128)
 MINILM_TEXTS = 1000  # rows for all-MiniLM-L6-v2's raw ceiling and padding runs (about 20x slower per text)

@@ -186,8 +186,7 @@ def per_batch_latency(
 
 
 # What the FLOP table's peak is read with. ONNX Runtime's MatMul runs on the kernels (MLAS) that every served
-# product runs on; torch's wheel multiplies with MKL, which on AMD CPUs took half that rate (2026-11-29, a 2-core
-# AMD EPYC VM with AVX-512: 2,048^2 at 207 against 103 GFLOP/s on one thread, 428 against 200 on two).
+# product runs on; torch's wheel multiplies with MKL, which on AMD CPUs reached about half that rate.
 MATMUL_PEAK_KERNEL = "ONNX Runtime MatMul"
 
 

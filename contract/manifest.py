@@ -24,7 +24,7 @@ MODEL_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.f
 CPU_MODEL_FILE = "model.cpu.onnx"
 # ONNX Runtime graph fusions the server opens a CPU session without, and the export's parity check the CPU graph: its
 # CPU SkipLayerNormalization kernel (a residual Add fused into the LayerNormalization after it) ran both exported
-# models 3-20% slower than the two operators it replaces (docs/decisions/0027-no-skip-layer-norm-fusion-on-the-cpu.md).
+# models slower than the two operators it replaces (docs/decisions/0027-no-skip-layer-norm-fusion-on-the-cpu.md).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 # The int8 build a distillation runs as its teacher (model/distill.py): the transformer optimizer's graph with
 # per-channel int8 weights (TEACHER_BUILD in export/quantize.py), whichever build the server's timing keeps as

@@ -1,20 +1,14 @@
 """The exported graph with each self-attention block as one ONNX Runtime ``Attention`` operator: the graph
-the server's CPU sessions run (``model.cpu.onnx``).
+the server's CPU sessions run (``model.cpu.onnx``, decisions/0026).
 
-The export writes ``model.onnx`` in standard ONNX operators, the file every runtime reads. On the CPU, ONNX
-Runtime runs each attention block there as 14 operators (the Q/K/V product and bias, a split, three
-reshapes and transposes, the scores' product and scale, the padding bias, the softmax, the weights' product,
-a transpose and a reshape) and matches none of them to its fused ``Attention`` kernel (com.microsoft domain),
-whose patterns are BERT's as Hugging Face exports it. This rewrite puts that kernel in their place, block by
-block, after checking that the block computes exactly what the kernel does:
+ONNX Runtime matches none of the standard graph's attention blocks to its fused kernel, whose patterns are
+BERT's as Hugging Face exports it. This rewrite puts the kernel in their place, block by block, after
+checking that the block computes exactly what the kernel does:
 
-    softmax(Q K^T / scale + (attention_mask == 0) * mask_value) V, heads side by side again,
-    with Q, K, V the three equal parts of x @ W + b along the last axis, each reshaped to ``num_heads`` heads
-    of C / num_heads and the scale sqrt(C / num_heads).
+    softmax(Q K^T / sqrt(C / num_heads) + (attention_mask == 0) * mask_value) V, heads side by side again.
 
-A block that differs in any part (another scale, a mask from elsewhere, an intermediate read by another
-node) is left as it is, and the caller decides what that means. Every value stays fp32 and the kernel runs
-the same matrix products, so the outputs agree with ``model.onnx`` (export/verify.py checks them).
+A block that differs in any part is left as it is. Every value stays fp32, so the outputs agree with
+``model.onnx`` (export/verify.py checks them).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Faster model variants: int8 (ONNX Runtime dynamic quantization) and fp16 (for CUDA).
 
-For int8, four candidates are built, timed on this machine and compared with fp32: the CPU graph
-(model.cpu.onnx, or model.onnx without one) quantized with per-channel int8 weight scales, with one scale
-per tensor, and with per-channel uint8 weights, and the graph after ONNX Runtime's transformer optimizer,
-per channel. Each is timed as the server runs it (docs/decisions/0028). Of those whose mean cosine to fp32
-meets the bar, the fastest is kept, or the most accurate of the builds within 10% of its speed (a tie); if
-none meets the bar, the most accurate (the export then reports the miss). Speed alone is not enough: which
-options keep a model accurate depends on its weights and on the CPU's int8 instructions (docs/model.md,
-"Export and parity"). The choice, timings and cosines go into the manifest. The optimizer's graph is also
-written as the distillation teacher's build, whichever build is kept.
+Four int8 candidates are built (per-channel int8, per-tensor int8, per-channel uint8 weights, and the
+transformer optimizer's graph per channel), timed as the server runs them and compared with fp32. Of those
+that meet the cosine bar the fastest is kept, or the most accurate within 10% of its speed (decisions/0012,
+0028); if none meets it, the most accurate, and the export reports the miss. The choice, timings and
+cosines go into the manifest; the optimizer's graph is also written as the distillation teacher's build.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ FP16_FILE = MODEL_FILES["fp16"]
 TEACHER_BUILD, TEACHER_FALLBACK = "optimized+quantized", "quantized"
 TIMING_BATCH, TIMING_SEQUENCE = 32, 48  # the batch shape the int8 candidates are timed on
 # Candidates this close in speed are a tie, decided by accuracy: a choice by timing noise would change the
-# served int8 model from one export of the same weights to the next. On a shared 2-core VM builds 0.2-3.2% apart
-# came up to 6.5% apart in one export (decisions/0012).
+# served int8 model from one export of the same weights to the next (decisions/0012).
 SAME_SPEED = 0.10
 
 

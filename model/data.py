@@ -142,7 +142,7 @@ def synset_distinct_batches(
     in the batch being filled waits for the next batch.
 
     With ``length``, pairs are sorted by it within windows of ``sort_window`` batches and the batches
-    shuffled afterwards: batches of similar lengths carry far less padding (training runs ~2x faster)
+    shuffled afterwards: batches of similar lengths carry far less padding (and train faster)
     while every batch still draws from a random slice of the corpus.
     """
     order = pairs[:]

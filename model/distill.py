@@ -1,18 +1,11 @@
 """Distillation from an exported teacher (all-MiniLM-L6-v2 by default) for the brief training.
 
-The teacher runs once, in ONNX Runtime, over every training text; its L2-normalised embeddings are
-cached on disk, keyed by the teacher's version, the file it runs and the texts, so a repeat `make train` skips
-it. An int8 build is used: it is twice as fast as fp32 on a CPU (814 against 414 texts/s for 32-token texts on
-2 cores) at mean cosine >= 0.99 to it, which keeps the first run within its time budget. It is the export's
-teacher build (contract.manifest.TEACHER_FILE), not the int8 build the server's timing keeps: the recipe's
-figures were measured on its targets, and other targets moved them (docs/decisions/0028).
-
-The student also starts from the teacher: each token of its vocabulary, embedded alone by the teacher and
-reduced by PCA to the student's width, is its first token-embedding row (teacher_token_init).
-
-The loss (similarity_matching_loss in model/losses.py) matches similarity structure, not coordinates: the
-student's cosine-similarity matrix over the batch's anchors and positives is pulled towards the teacher's
-(mean squared error). It needs no projection between the two widths and adds nothing to the exported model.
+The teacher runs once, in ONNX Runtime, over every training text; its normalised embeddings are cached on
+disk, keyed by the teacher's version, the file it runs and the texts. It runs the export's teacher build
+(contract.manifest.TEACHER_FILE), an int8 build fast enough for the first run's time budget (decisions/0028).
+The student starts from the teacher's token embeddings, reduced by PCA to its width (teacher_token_init).
+The loss (model/losses.py) pulls the student's cosine-similarity matrix over a batch towards the teacher's:
+no projection between the widths, nothing added to the exported model.
 """
 
 from __future__ import annotations
@@ -83,9 +76,8 @@ def run_teacher(
     manifest = Manifest.read(teacher_dir)
     tokenizer = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
     rows = encode_texts(tokenizer, texts, max_tokens)
-    # Short texts: one call per core at once, each on one thread, 5-13% faster than one call at a time on
-    # every core (two cores, batches of 128 texts of 32 tokens), each row the same to the bit. Longer ones:
-    # one call at a time on every core (6,000 texts of up to 256 tokens in fp32: 29.7 s against 31.5 s).
+    # Short texts: one call per core at once, each on one thread, faster than one call at a time on every
+    # core, each row the same to the bit; longer ones: one call at a time on every core (decisions/0014).
     side_by_side = cores() if max_tokens <= SIDE_BY_SIDE_MAX_TOKENS else 1
     session = teacher_session(teacher_dir, precision, threads=1 if side_by_side > 1 else 0)
     out = np.zeros((len(rows), int(session.get_outputs()[0].shape[1])), dtype=np.float32)

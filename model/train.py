@@ -68,9 +68,8 @@ class Recipe:
 
 
 PLAIN = Recipe(steps=1400, vocab_size=8192, matryoshka_weight=0.0)  # InfoNCE only, random token embeddings
-# Token embeddings from the teacher; 8192 and 16384 tokens, 1,050 steps, prefix weights 0 to 1 measured too. The
-# prefixes' InfoNCE at 0.3, without the teacher's similarity on them (matryoshka_distill), kept 95.7-97.2% of the
-# full length's recall@10 at 64 components on four held-out splits (docs/decisions/0023).
+# Token embeddings from the teacher; the prefixes' InfoNCE at 0.3, without the teacher's similarity on them
+# (docs/decisions/0023; the settings tried: docs/model.md).
 DISTILLED = Recipe(steps=2100, vocab_size=32768, matryoshka_weight=0.3)
 
 
@@ -304,8 +303,8 @@ def train(config: TrainConfig, on_step: Callable[[int, float], None] | None = No
     if teacher is not None and config.distill_loss == "projection":
         head = torch.nn.Linear(model_config.d_model, teacher.shape[1], bias=False)  # training only, not exported
         parameters += list(head.parameters())
-    # fused: the whole update in one kernel, 1.9 against 5.6 ms a step for foreach=True on 2 cores (8 s of a
-    # 2,100-step run); the same algorithm, its sums in another order.
+    # fused: the whole update in one kernel, several times faster a step than foreach=True on the CPU; the same
+    # algorithm, its sums in another order.
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     rng = random.Random(config.seed)
     batches: list[list[int]] = []

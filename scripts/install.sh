@@ -2,8 +2,7 @@
 # Installs into the virtualenv of VENV_PYTHON with uv, or with pip where uv cannot be installed or fails.
 # usage: scripts/install.sh VENV_PYTHON PIP_INSTALL_ARGUMENTS...
 #
-# uv resolves to the same packages as pip here and installs them on every core: 9.5-13.5 s against 22.3 s for
-# what `make run` needs from an empty cache on a 2-core VM, 6 s against 16 s for the test tools on top.
+# uv resolves to the same packages as pip here and installs them on every core, in about half pip's time.
 # uv reads no pip configuration, so pip's indexes, extra indexes, find-links (where the CPU build of torch
 # lies) and constraint files are handed to it, and every index is searched for the best version, as pip does.
 set -euo pipefail

@@ -126,7 +126,7 @@ class EmbeddingServer:
         self.http_server: uvicorn.Server | None = None
         self._http_socket: socket.socket | None = None
         self.http_port = 0
-        # The Open Inference Protocol is left out: its messages live in a private pool (open_inference.py),
+        # The Open Inference Protocol is left out: its messages live in a private pool (server/api/oip.py),
         # and its clients (tritonclient, perf_analyzer) bring the published proto.
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server

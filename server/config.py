@@ -25,7 +25,7 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def setting(default: Any, help: str) -> Any:
-    """A ServerConfig field with its description: the one text `--help` and the README's table show."""
+    """A ServerConfig field with its description: the one text `--help` and docs/configuration.md's table show."""
     return field(default=default, metadata={"help": help})
 
 
@@ -78,8 +78,8 @@ class ServerConfig:
     precision: str = setting(
         "fp32",
         "`fp32` (`model.onnx`; on the CPU `model.cpu.onnx` where the folder has it, the same outputs with ONNX "
-        "Runtime's fused attention), `int8` (`model.int8.onnx`: on the CPU about 1.6x faster a text, but a text's "
-        "embedding moves with the texts batched beside it, by up to about 2e-4 in cosine), `fp16` "
+        "Runtime's fused attention), `int8` (`model.int8.onnx`: faster on the CPU, but a text's embedding moves "
+        "slightly with the texts batched beside it), `fp16` "
         "(`model.fp16.onnx`, for CUDA)",
     )
     max_batch_tokens: int = setting(16384, "padded tokens per batch (items x longest item), the most")
@@ -357,11 +357,12 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         raise  # unreachable: parser.error exits
 
 
-README_TABLE = ("<!-- configuration table: python -m server.config --readme README.md -->", "<!-- end of table -->")
+CONFIG_TABLE = ("<!-- configuration table: make config-table -->", "<!-- end of table -->")
+CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def config_table() -> str:
-    """The README's configuration table, from the fields' own descriptions (as `--help` shows them)."""
+    """The configuration reference's table, from the fields' own descriptions (as `--help` shows them)."""
     rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
     for f in fields(ServerConfig):
         default = f.default
@@ -375,18 +376,18 @@ def config_table() -> str:
     return "\n".join(rows)
 
 
-def with_config_table(readme: str) -> str:
-    """The README text with the table between its markers replaced by ``config_table()``."""
-    start, end = README_TABLE
-    head, found, rest = readme.partition(start)
+def with_config_table(document: str) -> str:
+    """The document with the table between its markers replaced by ``config_table()``."""
+    start, end = CONFIG_TABLE
+    head, found, rest = document.partition(start)
     if not found or end not in rest:
-        raise ValueError(f"the README has no {start} ... {end} block")
+        raise ValueError(f"the document has no {start} ... {end} block")
     _, _, tail = rest.partition(end)
     return f"{head}{start}\n{config_table()}\n{end}{tail}"
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(description="Write the configuration table into the README.")
-    cli.add_argument("--readme", type=Path, required=True)
-    path = cli.parse_args().readme
+    cli = argparse.ArgumentParser(description="Write the configuration table into its document.")
+    cli.add_argument("--doc", type=Path, default=CONFIG_DOC)
+    path = cli.parse_args().doc
     path.write_text(with_config_table(path.read_text()))

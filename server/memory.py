@@ -21,13 +21,11 @@ log = logging.getLogger(__name__)
 CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2
 TARGET_SHARE = 0.75  # of the limit: the rest is slack for the allocator, the kernel's accounting and spikes
 # Kept for what is neither the warm models nor admitted bodies: gRPC's buffers for calls not yet admitted,
-# thread stacks, responses. Without it a one-connection flood of all-MiniLM-L6-v2-shaped requests once
-# peaked at 771 MiB against a 768 MiB target (2026-11-25, `tests/reliability/test_flood.py`).
+# thread stacks, responses. Without it a one-connection flood overshot its target (tests/reliability/test_flood.py).
 UNACCOUNTED_SHARE = 0.05  # of the limit
-# HTTP answers written and not yet taken by their clients (server/http_connection.py, UnsentAnswers): a client
-# that stops reading leaves its answer in the server's memory. 2.5% of 1 GiB holds the largest answer (2,048
-# inputs of 384 floats as JSON, 9.7 MB from all-MiniLM-L6-v2, 2026-11-29) more than twice; clients reading at
-# network speed hold far less.
+# HTTP answers written and not yet taken by their clients (server/api/http/connection.py, UnsentAnswers): a
+# client that stops reading leaves its answer in the server's memory. 2.5% of 1 GiB holds the largest answer
+# (2,048 inputs of 384 floats as JSON) more than twice; clients reading at network speed hold far less.
 UNSENT_SHARE = 0.025  # of the limit
 # What one byte of body costs in memory until it is tokenized: gRPC's buffers, the bytes object it copies
 # them into, the parsed message and the Python strings read from it (docs/reliability.md, "Memory").
@@ -109,7 +107,7 @@ def plan(limit: tuple[int, str], models_bytes: int, max_message_bytes: int, over
 # glibc's malloc settings, read from the environment when the process starts.
 MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
 # jemalloc (Debian's libjemalloc2), preloaded in glibc malloc's place where it is installed: its per-thread caches
-# took 15-20 CPU-us off each request on the event loop, 3-11% more texts/s over either protocol (decisions/0030).
+# cost the event loop less per request (decisions/0030).
 # Two arenas, as MALLOC_ARENA_MAX, and freed pages given back within a second by its own thread, so a flood's
 # peak stays where glibc's settings hold it.
 JEMALLOC = "libjemalloc.so.2"
@@ -148,9 +146,9 @@ def reexec_with_malloc_settings() -> None:
     (an operator's own ``LD_PRELOAD`` or ``MALLOC_CONF`` wins).
 
     glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB), after which a
-    request's megabyte-sized buffers come from the heap and stay there as fragmentation. A flood of
-    the largest requests took peak RSS from 924-951 MiB to 729-731 MiB with the threshold fixed at
-    128 KiB. glibc reads these only at start (mallopt() from Python, after start, gave no gain), and a
+    request's megabyte-sized buffers come from the heap and stay there as fragmentation; a fixed 128 KiB
+    threshold keeps a flood's peak down. glibc reads these only at start (mallopt() from Python, after
+    start, gave no gain), and a
     preloaded library only loads at start, hence the exec; the image sets them in its environment, so there
     it never happens.
     """

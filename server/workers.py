@@ -1,17 +1,11 @@
 """`--workers N`: N server processes on one port (SO_REUSEPORT), supervised by a small parent.
 
-Each worker is a full `python -m server` with its own ONNX Runtime session, `cores // N` intra-op
-threads (unless --intra-op-threads says otherwise), 1/N of the memory limit (server/memory.py) and its
-own metrics port: --metrics-port + i for worker i. The kernel spreads incoming connections across the
-workers. SIGTERM/SIGINT to the parent is forwarded to every worker, each drains as a single server
-does, and the parent exits 0 when all of them did.
-
-A worker that ends on its own (killed, crashed, or even exit 0) is restarted with the same command
-after a backoff that doubles from 0.5 s to 8 s and resets once a worker has run for a minute; the
-other workers keep serving meanwhile. A worker that dies MAX_RESTARTS times within RESTART_WINDOW
-seconds is broken, not unlucky: the parent then stops everything and exits 1. A worker that exits 2
-refused the configuration (missing artifacts, a port or TLS file it cannot use, CUDA absent: its log
-says which), which no restart can mend: the parent stops the others and exits 2 at once.
+Each worker is a full `python -m server` with `cores // N` intra-op threads, 1/N of the memory limit and
+its own metrics port (--metrics-port + i). SIGTERM/SIGINT to the parent is forwarded to every worker, each
+drains as a single server does, and the parent exits 0 when all did. A worker that ends on its own is
+restarted after a backoff (0.5 s doubling to 8 s); one that dies MAX_RESTARTS times within RESTART_WINDOW
+seconds stops everything with exit 1; one that exits 2 refused the configuration, which no restart can
+mend, and stops everything with exit 2 at once.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""The Open Inference Protocol (KServe v2) servicer, on the same port and batchers as Embedder.
+"""The Open Inference Protocol (KServe v2) service, on the same port and batchers as Embedder.
 
-Two ways in, both answered with the output ``embeddings``, FP32 [N, dim], in ``raw_output_contents``:
-
-* text: one input ``text``, BYTES [N] (or [N, 1]), as raw contents with 4-byte little-endian length
-  prefixes (what tritonclient sends) or as ``bytes_contents``; L2-normalised unless the request
-  parameter ``normalize`` is false; ``truncate`` (bool, default false) as in Embed;
-* tokens: ``input_ids`` and ``attention_mask``, INT64 [N, T], the tensors of the exported
-  ``model.onnx`` and of the Triton repository ``make export`` writes; right padding only (each mask
-  row is ones, then zeros); not normalised unless ``normalize`` is true, so a client of Triton
-  serving that repository gets the same numbers from us.
-
-Errors use the same table as Embed (server/service.py). The messages are built in a private
-descriptor pool from the published proto (protos/inference/v2/), so this module can share a process
-with tritonclient, whose own copy of package ``inference`` sits in protobuf's default pool.
+Two ways in, both answered with ``embeddings``, FP32 [N, dim]: text (``text``, BYTES [N]; normalised unless
+the parameter ``normalize`` is false) or tokens (``input_ids`` and ``attention_mask``, INT64 [N, T], right
+padded; not normalised unless ``normalize`` is true, as Triton serving the exported repository answers).
+Errors use the gRPC table of server/api/rpc.py. The messages live in a private descriptor pool built from
+the published proto, so this module can share a process with tritonclient's own copy of ``inference``.
 """
 
 from __future__ import annotations
@@ -282,7 +274,7 @@ def add_to_server(service: OpenInferenceService, server: grpc.aio.Server, admiss
     handlers = {}
     for method in METHODS:
         request_class = getattr(pb, f"{method}Request")
-        # ModelInfer carries bodies: request-streaming, so it is admitted before its body is read (service.py).
+        # ModelInfer carries bodies: request-streaming, so it is admitted before its body is read (server/api/rpc.py).
         make = grpc.stream_unary_rpc_method_handler if method == "ModelInfer" else grpc.unary_unary_rpc_method_handler
         handlers[method] = make(
             getattr(service, method), receiving(request_class.FromString, admission), lambda m: m.SerializeToString()

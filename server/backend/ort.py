@@ -1,13 +1,10 @@
-"""The ONNX Runtime backend: the InferenceSession, the provider that really loaded, warm-up.
+"""The ONNX Runtime backend: sessions, the provider that really loaded, warm-up, and the stages a batch runs in.
 
-A second, one-thread CPU session may run the small batches. For them, ONNX Runtime's fork and join across
-a CPU session's threads costs more than it saves (the trained model, d_model 128, ran one text in 144
-against 214 us on one thread and on two, back to back, 2026-11-25, 2-core Intel Xeon VM), and a run on
-CUDA pays a fixed cost (about 0.7 ms on an H100) that a short text on one CPU core does not. How small is
-measured at warm-up (``one_thread_batch_tokens``).
-
-Pre-processing (padding token id rows into numpy) and the core call (``session.run``) live here;
-post-processing (normalisation) is the service's. Nothing here knows about gRPC or batching.
+pre pads token id rows into numpy; run calls the session (pooled rows, not normalised); post puts each row
+beside its unit-length copy, (B, dim) -> (B, 2 x dim), so a request picks the half it asked for. Small
+batches may run on a second, one-thread CPU session, where a threaded session's fork and join (or, on
+CUDA, a GPU run's fixed cost) costs more than it saves; how small is measured at warm-up
+(decisions/0011). Nothing here knows a protocol or the batcher.
 """
 
 from __future__ import annotations
@@ -75,8 +72,7 @@ def one_thread_limit(sizes: Sequence[int], one_thread: Sequence[float], threaded
 def rows_within(seconds: float, max_rows: int, time_rows: Callable[[int], float]) -> int:
     """The most rows, 1 to max_rows, whose batch ``time_rows`` measures within ``seconds``. A guess from 8
     rows, then checked at its own size and shrunk in proportion until it fits (a few tries): on a CPU the
-    cost per token grows with the batch, so a guess from a small batch alone errs long (the shipped
-    configuration: 6.8 us a token at 8 rows of 128, 8.3 at 117)."""
+    cost per token grows with the batch, so a guess from a small batch alone errs long."""
     rows = min(8, max_rows)
     guess = max(1, min(max_rows, int(rows * seconds / max(time_rows(rows), 1e-9))))
     for _ in range(3):
@@ -135,11 +131,10 @@ def flush_denormals_on_this_thread(on: bool = True) -> bool:
     """Turns FTZ and DAZ on (or off) for the calling thread (x86-64 Linux); returns whether that was done.
 
     Attention gives padded keys a score near -1e4, and exp() of it underflows through denormal floats,
-    which x86 cores handle in microcode: ONNX Runtime's CPU Softmax over (32, 12, 128, 128) scores with
-    77% of the keys padding took 18 ms instead of 1.3 ms. ``session.set_denormal_as_zero`` turns FTZ/DAZ
-    on in ONNX Runtime's pool threads (and in whichever thread creates the process's first session),
-    not in the thread that calls ``run``, which computes its share of every operator. Values that small
-    are zero for an embedding.
+    which x86 cores handle in microcode, many times slower (decisions/0003). ``session.set_denormal_as_zero``
+    turns FTZ/DAZ on in ONNX Runtime's pool threads (and in whichever thread creates the process's first
+    session), not in the thread that calls ``run``, which computes its share of every operator. Values that
+    small are zero for an embedding.
     """
     if not CAN_FLUSH_DENORMALS:
         return False
@@ -156,8 +151,8 @@ def flush_denormals_on_this_thread(on: bool = True) -> bool:
     return bool(libm.fesetenv(ctypes.byref(environment)) == 0)
 
 
-# ONNX Runtime's CUDA provider computes fp32 matrix products in TF32 by default (10-bit mantissa):
-# 8e-4 off the CPU's embeddings on an H100. fp32 here means fp32; fp16 is the fast precision on a GPU.
+# ONNX Runtime's CUDA provider computes fp32 matrix products in TF32 by default (10-bit mantissa), off the
+# CPU's embeddings. fp32 here means fp32; fp16 is the fast precision on a GPU (decisions/0007).
 CUDA_OPTIONS = {"use_tf32": "0"}
 
 
@@ -167,7 +162,7 @@ def preload_cuda_libraries() -> None:
     adds where nvidia-smi lists a GPU), which sit on no library path: ONNX Runtime's CUDA provider finds them
     only when they are loaded first (or named in LD_LIBRARY_PATH). Where they are missing, preload_dlls
     prints a line per library; the session's get_providers() says afterwards whether CUDA loaded, so
-    those lines are dropped. Once per process (about 1 ms where they are missing)."""
+    those lines are dropped. Once per process."""
     if hasattr(ort, "preload_dlls"):
         with contextlib.redirect_stdout(io.StringIO()):
             ort.preload_dlls()

@@ -1,15 +1,10 @@
-"""Admission before a request body is read or parsed: one budget for the process, every protocol and
-every model, since they share its memory (docs/reliability.md, "Memory").
+"""Admission before a request body is read or parsed: one budget for the process, every protocol and model.
 
-* ``enter(client)``: a place for one call whose body is about to be read, where its size is not
-  known yet (gRPC). At most ``max_calls`` at once; the last ``RESERVED_SHARE`` of them only for
-  clients that hold none, so one client's flood cannot lock another out.
-* ``receive(nbytes)``: the body's bytes, checked before it is parsed (gRPC) or read (HTTP, from its
-  Content-Length). At most ``max_bytes`` held at once; the last ``RESERVED_SHARE`` only for small
-  bodies (at most ``max_bytes x SMALL_SHARE``).
-
-Each returns a ticket released once the request no longer holds its body (tokenized, or answered).
-Past a budget the request is refused with ``Overloaded`` naming it, and its body is never parsed.
+``enter(client)`` takes a place for a call whose body is about to be read (at most ``max_calls``);
+``receive(nbytes)`` takes the body's bytes before it is parsed or read (at most ``max_bytes``). The last
+``RESERVED_SHARE`` of each is kept for clients holding no place and for small bodies, so one client's flood
+cannot lock another out. Each returns a ticket released once the request no longer holds its body; past a
+budget the request is refused with ``Overloaded`` naming it, its body never parsed.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
-"""Token-budget dynamic batching with length sorting, admission control and deadlines.
+"""Token-budget dynamic batching: one queue item per input, batches formed by length, fair among clients.
 
-Knows nothing of gRPC: requests are lists of token id rows, answers are numpy arrays or domain
-errors. Policy (see docs/architecture.md):
-
-* every input of every request is one queue item; a request's items are reassembled in order;
-* a batch holds at most ``max_batch_size`` items and at most ``max_batch_tokens`` padded tokens
-  (items x longest item, as TEI counts for padded backends);
-* fair among clients (start-time fair queueing by tokens): each item gets a virtual start tag, its
-  client's previous tag plus that client's tokens, never below the tag of the batch last taken; the
-  queue is kept in tag order, so a client sending one short request goes ahead of another's backlog
-  instead of behind it, and no item waits for more than its share (no starvation). A client is
-  whatever key the front end passes (the connection's peer address);
-* the item with the lowest tag is always in the next batch; around it, the batch is filled from the
-  first ``sort_window`` items in length order, taking whichever neighbour adds the least padding, as
-  long as padding stays under ``max_padding_ratio`` of the batch;
-* when the backend is idle, a batch leaves at once (or after ``max_delay`` counted from the arrival
-  of its oldest item); while a batch runs, the next one fills, and the inference thread takes it from
-  the queue itself as soon as the batch is done, by the same rules, while the batch's results go back to
-  the event loop: a busy event loop delays answers, never the next batch. The queue is shared under a
-  lock; futures, timers and observers are touched on the event loop only;
-* admission: a request whose tokens would push the queue past ``max_queue_tokens`` is refused whole
-  and at once; nothing of it is queued. The last ``RESERVED_SHARE`` of the queue takes only short
-  requests (at most ``max_queue_tokens x SHORT_SHARE`` tokens) unless the queue is empty, so a flood
-  of the largest requests cannot lock a client with a short one out;
-* items of a request that was cancelled or failed are swept out of the queue at once (admission and
-  the queue gauges see the room straight away); a request whose deadline cannot be met (it would
-  still be waiting when the deadline comes, less the expected batch time) is failed with
-  DeadlineExceeded and its items dropped before inference, before gRPC would cancel it;
-* any exception while running or finishing a batch fails only that batch's requests; the loop is
-  watched and restarted if it dies anyway; a backend that fails ``unhealthy_after`` batches in a row
-  is reported unhealthy and probed in the background until a probe batch succeeds.
+Knows nothing of a protocol: requests are lists of token id rows, answers numpy arrays or domain errors.
+Invariants: a batch holds at most ``max_batch_size`` items and ``max_batch_tokens`` padded tokens; a request
+is admitted whole or refused whole (``max_queue_tokens``); items of a cancelled, failed or doomed request
+leave the queue at once and are never computed; a failing batch fails only its own requests. The queue is
+shared with the inference thread under a lock; futures, timers and observers are touched on the event loop
+only. The policy in full: docs/architecture.md, "Batching".
 """
 
 from __future__ import annotations
@@ -54,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
-    """What a batch runs on: the batch's token id rows in, one float32 row per input out (server/backend.py).
+    """What a batch runs on: the batch's token id rows in, one float32 row per input out (server/backend/ort.py).
     Called on the batcher's inference thread, one batch at a time."""
 
     def __call__(self, rows: Sequence[np.ndarray], /) -> np.ndarray: ...
@@ -82,8 +58,8 @@ class BatchPolicy:
     fixed_batch_seconds: float = 0.0
     seconds_per_token: float = 0.0
     # A batch of at most this many padded tokens, with nothing else queued, runs on the event loop itself:
-    # for one short text the hop to the inference thread and back (about 70 us on a 2-core VM) is a large
-    # share of its wait, and with nothing queued there is nothing for the loop to overlap. 0 = never.
+    # for one short text the hop to the inference thread and back is a large share of its wait, and with
+    # nothing queued there is nothing for the loop to overlap (decisions/0015). 0 = never.
     inline_batch_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -148,10 +124,9 @@ def _tag(item: _Item) -> float:
     return item.tag
 
 
-# Seconds: a request still queued this close to its deadline cannot make it. Besides a batch's time
-# its answer must still be sent, and the deadline we see is the client's shifted by the request's
-# transit; on a loaded 2-core machine a loop timer also runs late by several ms (the GIL's switch
-# interval alone is 5 ms). At 5 ms, the client's own cancellation sometimes came first.
+# Seconds: a request still queued this close to its deadline cannot make it. Besides a batch's time its
+# answer must still be sent, the deadline we see is the client's shifted by the request's transit, and a
+# loop timer on a loaded machine runs late (the GIL's switch interval alone is 5 ms).
 MIN_DEADLINE_MARGIN = 0.02
 
 

@@ -1,4 +1,4 @@
-"""Domain errors of the serving core. Only server/service.py turns them into gRPC status codes."""
+"""Domain errors of the serving core. Each front end turns them into its protocol's status codes, with one table."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from server.core.normalize import l2_normalize
 from server.core.tokenizer import TextTokenizer, Token
 
 MIN_TOKENS_PER_INPUT = 2  # [CLS] and [SEP]
-INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event loop (~20 us a short text)
+INLINE_TOKENIZE_CHARS = 1024  # requests this short are tokenized on the event loop: cheaper than a thread hop
 
 
 class PipelineObserver:
@@ -91,7 +91,7 @@ class Pipeline:
         tokenizer_threads: int,
         dim: int,
     ) -> None:
-        self.dim = dim  # the model's embedding width; the backend's rows carry it twice (server/backend.py)
+        self.dim = dim  # the model's embedding width; the backend's rows carry it twice (server/backend/ort.py)
         self.tokenizer = tokenizer
         self.batcher = batcher
         self.limits = limits

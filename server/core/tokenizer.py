@@ -1,26 +1,11 @@
-"""Tokenization for serving: validation of lengths and truncation with the artifact's tokenizer.
+"""Tokenization for serving: lengths counted, long texts cut, ids for the batcher.
 
-Two tokenizer instances are configured once and never mutated (Tokenizer settings are not safe to
-change while other threads encode): one counts the full length, one truncates to the model's limit.
-``encode_batch`` releases the GIL, so callers run ``encode`` in worker threads. Where only ids are
-needed, ``encode_batch_fast`` skips the character offsets: 68 against 79 CPU-us a text (medians of 15
-rounds over 500 of the benchmark's texts, one text a call, 2026-11-25, AMD EPYC 2-core VM).
-
-Texts in plain ASCII without control characters are tokenized by twins of the two instances that do
-only what BERT's normaliser and pre-tokenizer do to such text. The full normaliser also decomposes
-Unicode, strips accents and cleans control characters, which leaves such text unchanged: the twins'
-only lowercases (or does nothing, for a cased model). BERT's pre-tokenizer tests every character for
-Unicode whitespace and punctuation: the twins find the words with one ASCII pattern instead. The ids
-are the same, which a test checks. ``encode`` of one text a call, best of 5 rounds over the benchmark's
-3,000 texts (2026-11-29, a 2-core AMD EPYC VM of CPU family 26): 21.7 CPU-us a text with the pattern
-against 25.0 with BERT's pre-tokenizer (the trained model's tokenizer), 21.6 against 27.2
-(all-MiniLM-L6-v2's); the same ids for those texts and 3,000 random strings of ASCII letters, digits,
-punctuation and whitespace.
-
-With truncation on, ``cut`` first shortens a long text at a word boundary: the tokenizer splits words
-at whitespace before WordPiece, so a prefix made of whole words gives the same first tokens as the
-whole text. When the prefix alone still needs truncating, the result is exactly the whole text's,
-for a fraction of the work and memory (a 20,000-character input costs ~max_length x 10 characters).
+Two tokenizer instances are configured once and never mutated (their settings are not safe to change
+while other threads encode): one counts the full length, one truncates to the model's limit. Plain
+ASCII text goes through twins of the two that do only what BERT's normaliser and pre-tokenizer do to
+such text, with the same ids (a test checks). With truncation on, ``cut`` first shortens a long text to
+a prefix of whole words that tokenizes exactly like the whole text, so a long input costs a bounded
+amount of work and memory.
 """
 
 from __future__ import annotations
@@ -89,8 +74,8 @@ class TextTokenizer:
         """A prefix of whole words that tokenizes, truncated, exactly like ``text`` (or ``text`` itself)."""
         if len(text) <= self.cut_chars:
             return text
-        # Words are short: look for the last whitespace near the cut first (3 us instead of 9 us a text,
-        # paid on the event loop for every long input), then, for a long last word, everywhere before it.
+        # Words are short: look for the last whitespace near the cut first (this runs on the event loop for
+        # every long input), then, for a long last word, everywhere before it.
         found = _LAST_WHITESPACE.search(text, max(0, self.cut_chars - CUT_WINDOW_CHARS), self.cut_chars)
         found = found or _LAST_WHITESPACE.search(text, 0, self.cut_chars)
         return text[: found.start()] if found and found.start() > 0 else text  # one giant word: keep it all

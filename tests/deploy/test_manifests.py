@@ -159,19 +159,24 @@ def test_the_image_and_the_deployment_follow_the_memory_sizing_rule() -> None:
 
 
 def test_the_image_with_a_model_builds_and_serves_what_make_run_does() -> None:
-    """`--target serve-with-model` bakes the distilled student and all-MiniLM-L6-v2, the two models `make
-    run` serves in the same order, not the from-scratch recipe that `python -m model.train` gives alone."""
+    """`--target serve-with-model` bakes all-MiniLM-L6-v2 (the default) and the distilled student, the two models
+    `make run` serves in the same order, not the from-scratch recipe that `python -m model.train` gives alone."""
     text = (K8S.parent / "Dockerfile").read_text()
     build = text[text.index("AS artifacts") : text.index("AS serve-with-model")]
     assert build.index("-m export.pretrained --out artifacts/minilm") < build.index("-m model.train")
     assert "-m model.train --out-dir artifacts --teacher auto" in build
     image = text[text.index("AS serve-with-model") :]
-    assert "ENV EMBED_MODEL=/models,/models/minilm" in image
+    assert "ENV EMBED_MODEL=/models/minilm,/models" in image
     makefile = (K8S.parent.parent / "Makefile").read_text()
-    assert "-m server --model $(ARTIFACTS) --model $(ARTIFACTS)/minilm" in makefile
+    assert "-m server --model $(ARTIFACTS)/minilm --model $(ARTIFACTS)" in makefile
     for source, folder in (("/src/artifacts/", "/models/"), ("/src/artifacts/minilm/", "/models/minilm/")):
         copy = next(line for line in image.splitlines() if line.startswith("COPY") and line.endswith(f" {folder}"))
-        served = ("model.onnx", "model.cpu.onnx", "tokenizer.json", "manifest.json")  # the CPU graph: runtime.py
+        served = (
+            "model.onnx",
+            "model.cpu.onnx",
+            "tokenizer.json",
+            "manifest.json",
+        )  # the CPU graph: server/backend/ort.py
         assert {f"{source}{name}" for name in served} <= set(copy.split())
 
 

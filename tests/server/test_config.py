@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.config import ServerConfig, parse_config
-from tests.conftest import ROOT, serve_exits
+from tests.conftest import serve_exits
 
 
 def test_defaults_follow_the_design_contract() -> None:
@@ -235,14 +235,14 @@ def test_an_unknown_event_loop_is_refused(capsys: pytest.CaptureFixture[str]) ->
     assert "event_loop must be one of uvloop, asyncio, not 'trio'" in capsys.readouterr().err
 
 
-def test_the_readme_configuration_table_is_the_one_the_settings_describe() -> None:
-    """README's table is generated from the fields' descriptions: rerun `python -m server.config --readme
-    README.md` after changing a setting, or this fails."""
-    from server.config import README_TABLE, config_table, with_config_table
+def test_the_configuration_table_is_the_one_the_settings_describe() -> None:
+    """docs/configuration.md's table is generated from the fields' descriptions: rerun `make config-table` after
+    changing a setting, or this fails."""
+    from server.config import CONFIG_DOC, CONFIG_TABLE, config_table, with_config_table
 
-    readme = (ROOT / "README.md").read_text()
-    assert with_config_table(readme) == readme
-    table = readme.split(README_TABLE[0])[1].split(README_TABLE[1])[0]
+    document = CONFIG_DOC.read_text()
+    assert with_config_table(document) == document
+    table = document.split(CONFIG_TABLE[0])[1].split(CONFIG_TABLE[1])[0]
     assert table.strip() == config_table()
     assert table.count("\n| `--") == len(fields(ServerConfig))  # one row per setting
 

@@ -276,8 +276,8 @@ def embeddings_request(inputs: int) -> bytes:
 def test_a_client_that_stops_reading_gets_nothing_more_computed_and_is_closed_after_the_send_timeout(
     tiny_artifacts: Path,
 ) -> None:
-    """A client that sends requests and does not read the answers: without the bound, 600 such connections took
-    a server from 829 to 2,604 MiB. Its connection stalls on an answer, nothing more is read or computed for it
+    """A client that sends requests and does not read the answers (decisions/0021): its connection stalls on an
+    answer, nothing more is read or computed for it
     (uvicorn would compute the next pipelined request and hold that answer too), and it is closed once no byte
     has been taken for the send timeout."""
     server = ServerThread(server_config(tiny_artifacts, http_send_timeout_seconds=1.0))

@@ -1,16 +1,10 @@
-"""The HTTP front end: an OpenAI-compatible `/v1/embeddings` and a few native routes, as a raw ASGI
-app served by uvicorn (httptools' parser) on the gRPC server's own event loop.
+"""The HTTP front end: OpenAI's `/v1/embeddings`, text-embeddings-inference's `/embed` and `/tokenize`, and the
+native routes, as a raw ASGI app served by uvicorn on the gRPC server's own event loop.
 
-With ``server/http_fields.py`` (the requests' JSON fields) and ``server/http_connection.py`` (the HTTP/1.1
-connection beneath the app), the only modules that know HTTP and JSON; it goes through the same admission,
-pipelines, batchers and metrics as gRPC, and ``STATUS_FOR_ERROR`` here is the one table from domain errors
-to HTTP statuses.
-
-Routes: ``POST /v1/embeddings``, ``POST /embed`` and ``POST /`` (text-embeddings-inference's request and
-answer, for its clients), ``GET /v1/models`` and ``GET /v1/models/{model}``, ``GET /info``,
-``POST /tokenize`` (each input's tokens with their character offsets, untruncated), ``GET /health``
-(liveness: the process answers), ``GET /ready`` (readiness: 503 until every model is loaded and warm,
-and from the moment a drain starts), ``GET /openapi.json``.
+With fields.py (the requests' JSON fields) and connection.py (the HTTP/1.1 connection beneath), the only
+modules that know HTTP. Requests go through the same admission, pipelines, batchers and metrics as gRPC;
+``STATUS_FOR_ERROR`` here is the one table from domain errors to HTTP statuses and OpenAI's error shape.
+Every route: docs/api.md.
 """
 
 from __future__ import annotations

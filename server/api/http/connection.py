@@ -37,31 +37,11 @@ HEAD_METHOD = "(request head)"  # the method label of a request answered before 
 
 
 class ServingProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request's headers, and a drain that answers
-    every request whose first bytes have arrived.
-
-    uvicorn bounds only the idle time between requests: a client that connects and sends its headers a
-    byte at a time, or nothing, would hold its connection and socket forever (slowloris). The clock
-    starts when the connection opens or a request's first byte arrives, and stops when its headers are
-    complete; the body has its own timeout (``HttpApi.body_timeout``). Late headers get 408 and the
-    connection is closed. A head over MAX_HEAD_BYTES gets 431 and is closed too (httptools would hold a
-    header of any size until it ended), and bytes that are not HTTP/1.1 get 400: every answer in OpenAI's
-    error shape, where uvicorn would answer plain text.
-
-    uvicorn's shutdown closes every connection without a request whose headers are complete: a request
-    half-received at that moment would be lost. Here it is served, and then the connection closes.
-
-    uvicorn writes a response's head and body in two writes, two sends on the socket; each request's cycle
-    writes through ``OneWriteResponses`` instead, so a response leaves in one.
-
-    A connection that is lost cancels the requests running for it (``ConnectionRequests``), as gRPC cancels the
-    call of a client that leaves: their queued inputs are never computed. So that the loss is seen while a
-    request runs, the socket is read on once a request's body is whole.
-
-    An answer its client does not take at once (the transport's buffer past its high-water mark: the
-    connection is *stalled*) is reported to ``UnsentAnswers``, which bounds how long and how much of them the
-    server holds. Until the client has taken it, nothing more is read from the connection and no request
-    queued behind it starts: uvicorn would compute the next pipelined request and hold its answer too.
+    """uvicorn's httptools protocol with what uvicorn leaves out: a deadline on each request's headers (408) and
+    a bound on their size (431), OpenAI's error shape for bytes that are not HTTP/1.1 (400), a drain that
+    answers a request half-received when it starts, one write per response (``OneWriteResponses``), the
+    requests of a lost connection cancelled (``ConnectionRequests``), and nothing more read from a
+    connection whose client has not taken its answer (``UnsentAnswers``). docs/api.md states each rule.
     """
 
     header_timeout = 10.0  # seconds; set per server by ``protocol_class``
@@ -270,9 +250,8 @@ class UnsentAnswers:
     """Answers written to HTTP connections and not yet taken by their clients, bounded two ways.
 
     A client that stops reading leaves its answer in the server's memory, and one that keeps sending requests
-    on new connections can grow that without end: 600 connections each holding a float answer to 2,048 inputs
-    took a server's RSS from 829 to 2,604 MiB (2026-11-29, 2-core AMD EPYC VM, ``--memory-limit-mib 2048``).
-    So, checked every SWEEP_SECONDS while any connection is stalled:
+    on new connections can grow that without end (decisions/0021). So, checked every SWEEP_SECONDS while any
+    connection is stalled:
 
     * a connection whose client takes none of its bytes for ``send_timeout`` seconds is closed;
     * while the stalled connections hold more than ``capacity`` bytes (the memory plan's share for them), those
