@@ -12,7 +12,7 @@ from model.transformer import Encoder
 
 def script(model: Encoder) -> torch.jit.ScriptModule:
     # torch 2.13 deprecates TorchScript in favour of torch.export; the artifact is still a product
-    # requirement, so this one warning is silenced on purpose (see docs/model.md, "TorchScript").
+    # requirement, so this one warning is silenced on purpose (and filtered in pytest's settings).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(TorchScript|torch\.jit).*", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r".*(TorchScript|torch\.jit).*deprecat.*")

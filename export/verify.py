@@ -69,7 +69,7 @@ class PairFigures:
 @dataclass(frozen=True)
 class ReferenceBatch:
     """One parity case's inputs and fp32 ONNX Runtime's embeddings of them: the int8 and fp16 builds are
-    compared with these, so fp32 runs each batch once (docs/model.md, "Reproduce")."""
+    compared with these, so fp32 runs each batch once."""
 
     ids: np.ndarray  # (B, S) int64
     mask: np.ndarray  # (B, S) int64

@@ -141,7 +141,7 @@ class Call:
     model: str = ""  # "" until the request named a model that exists
     # The client's address (context.peer()), read once when the RPC starts: peer() calls into gRPC's core on
     # the call without checking that the RPC still runs, and a stream's requests run on tasks of their own
-    # that can start after the client cancelled it (a server died there with SIGSEGV: docs/reliability.md).
+    # that can start after the client cancelled it (a server died there with SIGSEGV).
     client: str = ""
 
 

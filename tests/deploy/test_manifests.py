@@ -186,7 +186,7 @@ def test_every_docker_run_shown_publishes_the_ports_clients_use() -> None:
     dockerfile = (K8S.parent / "Dockerfile").read_text()
     exposed = set(next(line for line in dockerfile.splitlines() if line.startswith("EXPOSE")).split()[1:])
     client_ports = exposed - {"50052"}
-    docs = (K8S.parents[1] / "docs" / "deploy.md").read_text()
+    docs = "".join(path.read_text() for path in sorted((K8S.parents[1] / "docs" / "guides").glob("*.md")))
     runs = [line for line in (dockerfile + docs).splitlines() if "docker run" in line and "embedding-service" in line]
     assert len(runs) >= 2, runs
     for run in runs:

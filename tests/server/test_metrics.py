@@ -1,4 +1,4 @@
-"""monitoring/README.md's metrics table against what the server exposes: every metric, with its labels."""
+"""docs/metrics.md's table against what the server exposes: every metric, with its labels."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 
 from tests.conftest import ServerThread, request
 
-README = Path(__file__).resolve().parents[2] / "monitoring" / "README.md"
+METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 SUFFIX = {"counter": "_total", "info": "_info"}  # the exposed name beside the family's
 
 
 def documented() -> dict[str, set[str]]:
     """Each metric the table names, with the labels it lists."""
-    text = README.read_text()
+    text = METRICS_DOC.read_text()
     table = text[text.index("| metric | type | labels | meaning |") :].split("\n\n")[0].splitlines()[2:]
     rows: dict[str, set[str]] = {}
     for line in table:
@@ -37,7 +37,7 @@ def exposed(served: ServerThread) -> dict[str, set[str]]:
     }
 
 
-def test_the_monitoring_readme_names_every_metric_with_its_labels(served: ServerThread) -> None:
+def test_the_metrics_reference_names_every_metric_with_its_labels(served: ServerThread) -> None:
     served.stub().Embed(request("a dog"))  # every per-request series exists once both protocols answered
     response = httpx.post(f"http://127.0.0.1:{served.server.http_port}/v1/embeddings", json={"input": "a cat"})
     assert response.status_code == 200
