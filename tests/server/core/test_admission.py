@@ -1,4 +1,4 @@
-"""The byte and call budgets every front end admits a request body through (server/admission.py)."""
+"""The byte and call budgets every front end admits a request body through (server/core/admission.py)."""
 
 from __future__ import annotations
 

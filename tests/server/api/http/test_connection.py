@@ -1,4 +1,4 @@
-"""The HTTP/1.1 connection beneath the API (server/http_connection.py): header deadline, head size, bytes that
+"""The HTTP/1.1 connection beneath the API (server/api/http/connection.py): header deadline, head size, bytes that
 are not HTTP, the drain, one write per response."""
 
 from __future__ import annotations
