@@ -90,6 +90,15 @@ class ServerThread:
     def stub(self) -> embedding_pb2_grpc.EmbedderStub:
         return embedding_pb2_grpc.EmbedderStub(grpc.insecure_channel(self.target))
 
+    def settled(self) -> None:
+        """Waits until no request is in progress, read on the server's own loop. A client has its answer a moment
+        before the server counts it, so a test reading counters of a shared server waits for this first."""
+
+        async def idle() -> bool:
+            return self.server.state.in_flight == 0
+
+        eventually(lambda: self.call(idle()), what="no request in progress")
+
 
 @pytest.fixture
 def finalised_while_held(monkeypatch: pytest.MonkeyPatch) -> list[Ticket]:

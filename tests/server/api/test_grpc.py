@@ -252,6 +252,7 @@ def test_a_failed_call_that_ended_before_its_status_could_be_sent_ends_as_cancel
     served: ServerThread,
 ) -> None:
     service, metrics = served.server.service, served.server.metrics
+    served.settled()
     before = {reason: counter(metrics.rejections, reason) for reason in ("invalid", "cancelled", "deadline")}
     answered = counter(metrics.requests, "Embed", "INVALID_ARGUMENT")
     context = EndedByCore(request("   "))  # whitespace only: INVALID_ARGUMENT
@@ -358,10 +359,12 @@ LONG_LIST = [f"text number {i} about rivers" if i not in (40, 65) else "word " *
 def test_the_client_sends_a_long_list_as_requests_of_the_servers_size(served: ServerThread) -> None:
     """70 texts where the server takes 32 a request: three requests, one result as if it were one."""
     requests = served.server.metrics.requests
+    served.settled()
     before = counter(requests, "Embed", "OK")
     with EmbeddingClient(served.target) as client:
         result = client.embed(LONG_LIST, truncate=True)
         parts = [client.embed(LONG_LIST[start : start + 32], truncate=True) for start in (0, 32, 64)]
+    served.settled()
     assert counter(requests, "Embed", "OK") - before == 6  # 3 for the list, 3 for its parts sent by hand
     assert result.embeddings == [e for part in parts for e in part.embeddings]
     assert result.token_counts == [c for part in parts for c in part.token_counts] and len(result.token_counts) == 70

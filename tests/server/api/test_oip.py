@@ -209,7 +209,9 @@ def test_malformed_bytes_are_invalid_argument(served: ServerThread) -> None:
 
 def test_model_infer_is_counted_with_its_model(served: ServerThread, client: triton.InferenceServerClient) -> None:
     metrics = served.server.metrics
+    served.settled()
     before = counter(metrics.requests, "ModelInfer", "OK", MODEL), counter(metrics.inputs, MODEL)
     client.infer(MODEL, [text_input(["a dog", "a cat"])])
+    served.settled()
     after = counter(metrics.requests, "ModelInfer", "OK", MODEL), counter(metrics.inputs, MODEL)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 2)

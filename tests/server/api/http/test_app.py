@@ -655,6 +655,7 @@ def test_a_model_is_retrieved_by_any_name_it_is_served_under(tiny_artifacts: Pat
         posted = httpx.post(f"{base_url(server)}/v1/models/wordnet-encoder")
         assert posted.status_code == 405 and posted.headers["allow"] == "GET, HEAD"
         requests = server.server.metrics.requests
+        server.settled()
         assert counter(requests, "GET /v1/models/{model}", "200") == 6
         assert counter(requests, "GET /v1/models/{model}", "404") == 1
         assert not any("tiny-bert" in s.labels["method"] for f in requests.collect() for s in f.samples)
