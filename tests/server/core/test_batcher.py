@@ -12,7 +12,7 @@ import pytest
 from server.core.batcher import MIN_DEADLINE_MARGIN, Batcher, BatchObserver, BatchPolicy
 from server.core.clock import MONOTONIC, Clock
 from server.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
-from tests.fake_clock import FakeClock, until
+from tests.fake_clock import FakeClock, turns, until
 
 
 class FakeRuntime:
@@ -24,8 +24,10 @@ class FakeRuntime:
         if not hold_first:
             self.release.set()
         self.fail_on: set[int] = set()
+        self.entered = 0  # batches that reached the backend, the held one included
 
     def __call__(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        self.entered += 1
         if not self.batches and not self.release.wait(10):
             raise AssertionError("the test never released the held batch")
         self.batches.append([len(r) for r in rows])
@@ -39,8 +41,13 @@ def row(length: int, tag: int = 1) -> np.ndarray:
 
 
 async def settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0.01)
+    """Lets the tasks just created run up to their wait: turns of the loop, no real time."""
+    await turns()
+
+
+async def held(runtime: FakeRuntime) -> None:
+    """Waits for the first batch to reach the backend, where it is held until ``runtime.release``."""
+    await until(lambda: runtime.entered >= 1, "the first batch held in the backend")
 
 
 def test_batches_respect_token_budget_and_size_and_hold_similar_lengths() -> None:
@@ -49,7 +56,7 @@ def test_batches_respect_token_budget_and_size_and_hold_similar_lengths() -> Non
         batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=60, max_batch_size=4, max_queue_tokens=10_000))
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()  # the first batch is now running and held
+        await held(runtime)  # the first batch is now running and held
         lengths = [2, 30, 3, 29, 4, 28, 5, 27, 6, 26, 7, 25]
         tasks = [asyncio.create_task(batcher.submit([row(n, tag=n)])) for n in lengths]
         await settle()
@@ -77,7 +84,7 @@ def test_oldest_item_is_always_in_the_next_batch() -> None:
         batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=1000, max_batch_size=2, max_queue_tokens=10_000))
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        await held(runtime)
         old_long = asyncio.create_task(batcher.submit([row(40)]))
         shorts = [asyncio.create_task(batcher.submit([row(3)])) for _ in range(6)]
         await settle()
@@ -112,7 +119,7 @@ def test_admission_refuses_whole_requests_and_queues_nothing() -> None:
         batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=100, max_batch_size=1, max_queue_tokens=20))
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(5)]))
-        await settle()
+        await held(runtime)
         second = asyncio.create_task(batcher.submit([row(8), row(8)]))
         await settle()
         assert batcher.queued_tokens == 16
@@ -137,7 +144,7 @@ def test_expired_and_cancelled_items_are_never_computed() -> None:
         batcher.start()
         loop = asyncio.get_running_loop()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        await held(runtime)
 
         expired = asyncio.create_task(batcher.submit([row(11), row(11)], deadline=clock.now() + 1.0))
         cancelled = asyncio.create_task(batcher.submit([row(12)]))
@@ -179,7 +186,7 @@ def test_the_inference_thread_takes_the_next_batch_while_the_event_loop_is_busy(
         batcher = Batcher(backend, BatchPolicy(max_queue_tokens=10_000))
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        await until(lambda: calls == [1], "the first batch held in the backend")
         queued = asyncio.create_task(batcher.submit([row(2, tag=7)]))
         await settle()
         assert batcher.queued_items == 1 and calls == [1]
@@ -291,7 +298,7 @@ def test_fifo_policy_takes_items_in_arrival_order_within_the_budget() -> None:
         batcher = Batcher(runtime, policy)
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        await held(runtime)
         tasks = [asyncio.create_task(batcher.submit([row(n)])) for n in [2, 30, 3, 29, 4, 28]]
         await settle()
         runtime.release.set()
@@ -312,7 +319,7 @@ def test_padding_cap_splits_mixed_lengths_even_when_all_would_fit() -> None:
         batcher = Batcher(runtime, policy)
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        await held(runtime)
         lengths = [4, 5, 4, 100, 96, 98, 30, 31, 29]
         tasks = [asyncio.create_task(batcher.submit([row(n)])) for n in lengths]
         await settle()
@@ -349,7 +356,7 @@ async def held_batcher(
     batcher = Batcher(runtime, BatchPolicy(max_queue_tokens=10_000), observer=recorder, clock=clock)
     batcher.start()
     running = asyncio.create_task(batcher.submit([row(1)]))
-    await settle()
+    await held(runtime)
     return runtime, recorder, batcher, running
 
 
@@ -409,7 +416,7 @@ def test_a_bug_in_the_inference_threads_take_fails_its_batch_and_the_queue_is_se
         batcher._take_locked = broken_in_the_thread  # type: ignore[method-assign]
         batcher.start()
         running = asyncio.create_task(batcher.submit([row(1)]))
-        await settle()
+        await held(runtime)
         queued = asyncio.create_task(batcher.submit([row(2)]))
         await settle()
         runtime.release.set()
@@ -519,7 +526,7 @@ def test_close_answers_the_running_batch_and_keeps_the_event_loop_free() -> None
         batcher = Batcher(runtime, BatchPolicy(max_batch_size=1, max_queue_tokens=10_000))
         batcher.start()
         running = asyncio.create_task(batcher.submit([row(2)]))
-        await settle()
+        await held(runtime)
         queued = asyncio.create_task(batcher.submit([row(3)]))
         await settle()
         ticks = 0
@@ -603,7 +610,7 @@ def test_a_short_request_from_another_client_goes_ahead_of_a_backlog() -> None:
         batcher = Batcher(runtime, policy)
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(10)], client="flooder"))
-        await settle()  # held in the backend
+        await held(runtime)  # held in the backend
         backlog = [asyncio.create_task(batcher.submit([row(10)] * 4, client="flooder")) for _ in range(10)]
         await settle()
         small = asyncio.create_task(batcher.submit([row(3, tag=7)], client="small"))
@@ -625,7 +632,7 @@ def test_one_client_is_served_in_arrival_order() -> None:
         batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=10, max_batch_size=1, max_queue_tokens=10_000))
         batcher.start()
         first = asyncio.create_task(batcher.submit([row(1)], client="one"))
-        await settle()
+        await held(runtime)
         later = [asyncio.create_task(batcher.submit([row(n)], client="one")) for n in (5, 2, 9, 3)]
         await settle()
         runtime.release.set()
@@ -643,7 +650,7 @@ def test_the_last_quarter_of_the_queue_takes_only_short_requests() -> None:
         batcher = Batcher(runtime, BatchPolicy(max_batch_tokens=2000, max_batch_size=1, max_queue_tokens=6400))
         batcher.start()
         running = asyncio.create_task(batcher.submit([row(10)]))
-        await settle()
+        await held(runtime)
         queued = [asyncio.create_task(batcher.submit([row(1200)] * 2, client=f"c{i}")) for i in range(2)]
         await settle()
         assert batcher.queued_tokens == 4800
