@@ -276,8 +276,11 @@ def test_a_cancelled_stream_leaves_nothing_to_compute_and_nothing_counted_ok(tin
 
         stream = stub.EmbedStream(requests())
         # The window fills, then the stream's reader waits for room: the moment the leak happened.
-        eventually(lambda: served.batcher.queued_items >= STREAM_WINDOW, what="the stream window filled")
-        time.sleep(0.3)
+        # Its window's requests are queued (their bodies given back), and the next one is read and held.
+        eventually(
+            lambda: served.batcher.queued_items == STREAM_WINDOW and served.admission.held_bytes > 0,
+            what="the stream's reader waiting for room with its next request",
+        )
         stream.cancel()
         eventually(lambda: served.service._open_streams == 0, what="the stream closed")
         # With the backend still held, nothing of the stream waits to be computed or is still in flight.
