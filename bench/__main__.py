@@ -16,6 +16,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bench import measure
+from bench import measure, null_model
 from bench.report import targets, write_report
 from contract.manifest import MANIFEST_FILE, Manifest
 from loadtest.run import local_server
@@ -44,6 +45,8 @@ MINILM_PROTOCOL_LOADS = [(1, 32), (8, 16)]
 # Five: the median then ignores two readings taken in stalls of the shared machine; three rounds could not tell
 # all-MiniLM-L6-v2's 5% target from the noise of its short readings.
 PROTOCOL_ROUNDS = 5
+# The request path alone (a model that costs nothing): the loads every change to the hot path is judged by.
+REQUEST_PATH_LOADS = [(1, 32), (1, 128), (8, 16)]
 MINILM_CONCURRENCY = (32, 128)
 MINILM_TEXTS = 1000  # rows for all-MiniLM-L6-v2's raw ceiling and padding runs (about 20x slower per text)
 # Where compute dominates, ONNX Runtime's spinning threads pay for themselves (README, --intra-op-spinning).
@@ -168,6 +171,19 @@ def measure_model(w: WarmModel, plan: Plan, texts_file: Path, duration: float, p
     }
 
 
+def measure_request_path(model_dir: Path, texts_file: Path, duration: float, provider: str) -> dict[str, Any]:
+    """The whole server on a model that costs nothing, behind the trained model's tokenizer, against both
+    transport ceilings, in interleaved rounds: what the request path costs apart from any model."""
+    with tempfile.TemporaryDirectory() as folder:
+        null_dir = null_model.build(Path(folder), model_dir)
+        with local_server(str(null_dir), ["--provider", provider]) as server:
+            loads = measure.compare_protocols(
+                server, null_model.NULL_DIM, texts_file, duration / 2, PROTOCOL_ROUNDS, REQUEST_PATH_LOADS,
+                server.process.pid, ceilings=("http", "grpc"),
+            )  # fmt: skip
+    return {"loads": loads, "dim": null_model.NULL_DIM}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("artifacts"))
@@ -203,8 +219,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"3. all-MiniLM-L6-v2 ({minilm_dir}), served unchanged", flush=True)
         plan = Plan(MINILM_FLAGS, MINILM_CONCURRENCY, (32,), MINILM_PROTOCOL_LOADS, 100)
         results["minilm"] = measure_model(minilm, plan, texts_file, args.duration, args.provider)
+        print("4. the request path alone: a model that costs nothing, served through the whole server", flush=True)
+        results["request_path"] = measure_request_path(args.model_dir, texts_file, args.duration, args.provider)
     results["tokenize_one_ms"] = 1000 * measure.median_seconds(lambda: trained.tokenizer.encode([texts[0]], True), 200)
-    print("4. matmul peak", flush=True)
+    print("5. matmul peak", flush=True)
     results["matmul_peak_flops"] = measure.matmul_peak_flops(threads)
     results["matmul_peak_kernel"] = measure.MATMUL_PEAK_KERNEL
     results["machine"] = {"date": datetime.date.today().isoformat(), "cpu": measure.cpu_name(), "cores": threads,

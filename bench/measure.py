@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import platform
 import random
@@ -295,26 +296,27 @@ def server_limits(http_url: str) -> dict[str, int]:
 
 
 def compare_protocols(server: LocalServer, dim: int, texts_file: Path, seconds: float, rounds: int,
-                      loads: Sequence[tuple[int, int]],
-                      server_pid: int) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
-    """Each load (texts per request, clients) over gRPC, over HTTP and on the HTTP transport ceiling (a minimal
-    app on the same stack answering a fixed vector), all from the same load generator; rounds interleaved, so
-    that the machine's drift hits every target alike, and every other round in reverse order, so that a drift
-    within a round does not always fall on the target read last. Readings by load ("1x32"), then target, one
-    per round, each with its round, its place in that round's order and the CPU a request cost the threads of
-    the process that answered it (server_pid's, or the ceiling's)."""
+                      loads: Sequence[tuple[int, int]], server_pid: int,
+                      ceilings: Sequence[str] = ("http",)) -> dict[str, dict[str, list[Reading]]]:  # fmt: skip
+    """Each load (texts per request, clients) over gRPC, over HTTP and on each transport ceiling asked for (a
+    minimal server on the same stack answering a fixed vector: "http", "grpc"), all from the same load generator;
+    rounds interleaved, so that the machine's drift hits every target alike, and every other round in reverse
+    order, so that a drift within a round does not always fall on the target read last. Readings by load
+    ("1x32"), then target, one per round, each with its round, its place in that round's order and the CPU a
+    request cost the threads of the process that answered it (server_pid's, or the ceiling's)."""
     results: dict[str, dict[str, list[Reading]]] = {}
-    with transport_server(dim, "http") as ceiling:
-        targets = {  # each with the process that answers it
-            "grpc": (server.target, server_pid),
-            "http": (server.http.removeprefix("http://"), server_pid),
-            "http ceiling": (ceiling.target, ceiling.process.pid),
+    with contextlib.ExitStack() as stack:
+        targets = {  # each with the process that answers it and the protocol it speaks
+            "grpc": (server.target, server_pid, "grpc"),
+            "http": (server.http.removeprefix("http://"), server_pid, "http"),
         }
+        for protocol in ceilings:
+            ceiling = stack.enter_context(transport_server(dim, protocol))
+            targets[f"{protocol} ceiling"] = (ceiling.target, ceiling.process.pid, protocol)
         for round_ in range(rounds):
             order = list(targets.items())[:: -1 if round_ % 2 else 1]
             for per_request, clients in loads:
-                for place, (name, (target, pid)) in enumerate(order):
-                    protocol = "grpc" if name == "grpc" else "http"
+                for place, (name, (target, pid, protocol)) in enumerate(order):
                     reading = load(target, clients, texts_file, seconds, per_request, protocol, pid)
                     reading |= {"round": round_, "place": place}
                     results.setdefault(f"{per_request}x{clients}", {}).setdefault(name, []).append(reading)

@@ -109,8 +109,61 @@ def targets(r: dict[str, Any]) -> list[Row]:
         ("all-MiniLM-L6-v2: HTTP against gRPC, the lower of its loads", f"{short_of(worst_minilm, 0.95)}x", ">= 0.95x",
          worst_minilm >= 0.95),
     ]  # fmt: skip
+    rows += request_path_rows(r.get("request_path"))
     rows += model_rows(r["minilm"], "all-MiniLM-L6-v2", batching_bar=2, ceiling_bar=MINILM_CEILING_BAR)
     return rows + model_rows(r, "trained model", batching_bar=3, ceiling_bar=0.8)
+
+
+def cpu_per_request(runs: list[Reading]) -> float:
+    """Server CPU-us a request, every thread of the serving process: the median over the rounds."""
+    return statistics.median(x["server_main_thread_cpu_us"] + x["server_other_threads_cpu_us"] for x in runs)
+
+
+# The request path's targets: (label, the served protocol, its transport ceiling, bar).
+REQUEST_PATH_BARS = (
+    ("HTTP, 1 text x 32 clients: server CPU a request vs the HTTP echo's", "http", "http ceiling", 3.0),
+    ("gRPC, 1 text x 32 clients: server CPU a request vs the gRPC transport ceiling's", "grpc", "grpc ceiling", 2.0),
+)
+
+
+def request_path_rows(path: dict[str, Any] | None) -> list[Row]:
+    """The request path's targets, each the server's CPU a request against its transport's, on the null model;
+    not measured by a run before the section existed."""
+    rows: list[Row] = []
+    for label, served, ceiling, bar in REQUEST_PATH_BARS:
+        name = f"null model, {label}"
+        if path is None:
+            rows.append((name, "not measured in this run", f"<= {bar:g}x", None))
+            continue
+        by = path["loads"]["1x32"]
+        ratio = cpu_per_request(by[served]) / cpu_per_request(by[ceiling])
+        measured = f"{ratio:.2f}x ({cpu_per_request(by[served]):.0f} vs {cpu_per_request(by[ceiling]):.0f} CPU-us)"
+        rows.append((name, measured, f"<= {bar:g}x", ratio <= bar))
+    return rows
+
+
+REQUEST_PATH_TARGETS = {"grpc": "gRPC", "http": "HTTP", "grpc ceiling": "gRPC transport ceiling",
+                        "http ceiling": "HTTP echo (transport ceiling)"}  # fmt: skip
+
+
+def request_path_text(path: dict[str, Any] | None) -> str:
+    """Section 8: per load and target, medians over the rounds; or a line saying this run did not measure it."""
+    if path is None:
+        return "Not measured in this run: the section came after it. The next `make bench` run measures it."
+
+    def med(runs: list[Reading], key: str, digits: int) -> str:
+        return f"{statistics.median(x[key] for x in runs):.{digits}f}"
+
+    rows = [
+        [load_label(key), label, med(by[name], "requests_per_second", 0), med(by[name], "p50_ms", 2),
+         med(by[name], "p99_ms", 2), med(by[name], "server_main_thread_cpu_us", 0),
+         med(by[name], "server_other_threads_cpu_us", 0), f"{cpu_per_request(by[name]):.0f}",
+         med(by[name], "server_cores", 2)]
+        for key, by in path["loads"].items() for name, label in REQUEST_PATH_TARGETS.items()
+    ]  # fmt: skip
+    header = ["load", "target", "requests/s", "p50 ms", "p99 ms", "event-loop CPU-us", "other threads CPU-us",
+              "CPU-us a request", "server cores busy"]  # fmt: skip
+    return table(header, rows, 2)
 
 
 def model_rows(m: dict[str, Any], name: str, batching_bar: float, ceiling_bar: float) -> list[Row]:
@@ -308,9 +361,8 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
     sweeps = r["server"] + r["no_batching"] + r["server_batch8"] + r["transport"]["single"] + r["transport"]["batch8"]
     sweeps += [w[k][load] for k in ("1", str(w["n"])) for load in ("single", "batch8")]
     sweeps += m["server"] + m["no_batching"]
-    sweeps += [
-        x for p in (r["protocols"], m["protocols"]) for by in p["loads"].values() for runs in by.values() for x in runs
-    ]
+    paths = [r["protocols"], m["protocols"], *([r["request_path"]] if "request_path" in r else [])]
+    sweeps += [x for p in paths for by in p["loads"].values() for runs in by.values() for x in runs]
     best = max(x["texts_per_second"] for x in r["server"] + r["server_batch8"])
     peak, flops = r["matmul_peak_flops"], {"raw ONNX Runtime ceiling": raw, "server at saturation": best}
     return model_values(r) | {f"m_{k}": v for k, v in model_values(m).items()} | {
@@ -337,6 +389,7 @@ def values(r: dict[str, Any], out: Path) -> dict[str, str]:
             *([name, f"{rate * ceiling['flops_per_text'] / 1e9:.1f}", f"{rate * ceiling['flops_per_text'] / peak:.0%}"]
               for name, rate in flops.items())]),
         "gpu": gpu_text(r, out), "gpu_machine": gpu_of(r["machine"]), "docs": os.path.relpath(DOCS, out.resolve()),
+        "request_path": request_path_text(r.get("request_path")),
     }  # fmt: skip
 
 

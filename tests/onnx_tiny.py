@@ -3,8 +3,8 @@
 No torch and no WordNet: the server's test tier builds its models from this in a second and runs where
 torch cannot be imported (tests/no_torch.py). The graph has the exported encoder's contract (inputs
 ``input_ids`` and ``attention_mask``, int64 [batch, sequence]; output ``embeddings``, float32 [batch, dim],
-the mask-aware mean, not normalised): token embeddings, a dense layer with tanh, mean pooling over the
-real tokens. An int8 build comes from ONNX Runtime's dynamic quantization, as the export makes it.
+the mask-aware mean, not normalised): bench/null_model.py's graph. An int8 build comes from ONNX Runtime's
+dynamic quantization, as the export makes it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.null_model import encoder_graph
 from contract.manifest import Manifest
 from model.tokenizer import save_tokenizer, train_tokenizer
 
@@ -30,45 +31,6 @@ TEXTS = [
     "hello world, a dog, an apple, the weather today, numbers 0 1 2 3 4 5 6 7 8 9",
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'\"()[]{}-_/\\@#$%^&*+=<>|~`",
 ]
-
-
-def encoder_graph(vocab_size: int, dim: int, seed: int) -> onnx.ModelProto:
-    rng = np.random.default_rng(seed)
-    weights = {
-        "token_embedding": rng.normal(0, 1, (vocab_size, dim)).astype(np.float32),
-        "dense_weight": rng.normal(0, dim**-0.5, (dim, dim)).astype(np.float32),
-        "dense_bias": rng.normal(0, 0.1, (dim,)).astype(np.float32),
-        "axis_1": np.array([1], dtype=np.int64),
-        "axis_2": np.array([2], dtype=np.int64),
-        "tiny": np.array(1e-9, dtype=np.float32),
-    }
-    nodes = [
-        helper.make_node("Gather", ["token_embedding", "input_ids"], ["tokens"]),  # (B, T, D)
-        helper.make_node("MatMul", ["tokens", "dense_weight"], ["projected"]),
-        helper.make_node("Add", ["projected", "dense_bias"], ["biased"]),
-        helper.make_node("Tanh", ["biased"], ["hidden"]),  # (B, T, D)
-        helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),  # (B, T)
-        helper.make_node("Unsqueeze", ["mask", "axis_2"], ["mask3"]),  # (B, T, 1)
-        helper.make_node("Mul", ["hidden", "mask3"], ["kept"]),
-        helper.make_node("ReduceSum", ["kept", "axis_1"], ["summed"], keepdims=0),  # (B, D)
-        helper.make_node("ReduceSum", ["mask3", "axis_1"], ["counts"], keepdims=0),  # (B, 1)
-        helper.make_node("Max", ["counts", "tiny"], ["safe_counts"]),
-        helper.make_node("Div", ["summed", "safe_counts"], ["embeddings"]),  # (B, D)
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny_encoder",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
-        ],
-        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", dim])],
-        [numpy_helper.from_array(array, name) for name, array in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="tests.onnx_tiny")
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    return model
 
 
 def build(

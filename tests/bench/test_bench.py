@@ -16,7 +16,7 @@ import torch
 
 from bench.measure import MATMUL_PEAK_KERNEL, forward_flops, matmul_session, plan_batches
 from server.core.batcher import BatchPolicy
-from tests.conftest import ServerThread
+from tests.conftest import ServerThread, request, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -315,6 +315,52 @@ def test_the_protocol_comparisons_cpu_table_gives_each_targets_medians_over_the_
     assert "| 1 text(s) x 32 clients | gRPC | 1000 | 500 | 640 | 190 | 1.60 |" in table
     assert "| 1 text(s) x 32 clients | HTTP | 2100 | 300 | 450 | 50 | 1.60 |" in table
     assert "| 1 text(s) x 32 clients | HTTP transport ceiling | 30000 | 30 | 0 | 40 | 1.00 |" in table
+
+
+def test_the_null_model_is_served_behind_the_tokenizer_it_was_given(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """bench/null_model.py: the server takes it as any model, tokenizes as the source model does, and answers
+    each text with a vector of the null model's width."""
+    from bench.null_model import NULL_DIM, build
+    from contract.manifest import Manifest
+
+    folder = build(tmp_path / "null", tiny_artifacts)
+    assert Manifest.read(folder).vocab_size == Manifest.read(tiny_artifacts).vocab_size
+    texts = ["a small domesticated carnivore", "draw air into the lungs"]
+    counts = {}
+    for model in (folder, tiny_artifacts):
+        server = ServerThread(server_config(model))
+        try:
+            answer = server.stub().Embed(request(*texts), timeout=10)
+            counts[model] = list(answer.token_counts)
+            width = {len(e.values) for e in answer.embeddings}
+        finally:
+            server.stop()
+        if model == folder:
+            assert width == {NULL_DIM}
+    assert counts[folder] == counts[tiny_artifacts]
+
+
+def test_the_request_path_section_compares_each_protocols_cpu_with_its_transport_ceiling() -> None:
+    """The null model's targets: the server's CPU a request (every thread, median over the rounds) against its
+    transport ceiling's; a run from before the section says it did not measure them."""
+    from bench.report import request_path_rows, request_path_text
+
+    def runs(loop: float, other: float) -> list[dict[str, float]]:
+        costs = {
+            "server_main_thread_cpu_us": loop,
+            "server_other_threads_cpu_us": other,
+            "server_cores": 1.0,
+            "p99_ms": 3.0,
+        }
+        return [r | costs for r in readings(1000, 1100, 1200, p50=2.0)]
+
+    by = {"http": runs(200, 100), "http ceiling": runs(60, 0), "grpc": runs(300, 200), "grpc ceiling": runs(180, 90)}
+    path = {"loads": {"1x32": by}}
+    rows = request_path_rows(path)
+    assert [(row[1].split("x")[0], row[3]) for row in rows] == [("5.00", False), ("1.85", True)]
+    assert "| 1 text(s) x 32 clients | HTTP | 1100 | 2.00 |" in request_path_text(path)
+    assert {row[3] for row in request_path_rows(None)} == {None}
+    assert "Not measured in this run" in request_path_text(None)
 
 
 def test_the_report_renders_a_run_from_its_results_alone(tmp_path: Path) -> None:
