@@ -105,6 +105,7 @@ class _Request:
     inference_seconds: float = 0.0
     expired: bool = False
     timer: Timer | None = None
+    client: str = ""
 
 
 @dataclass(eq=False)
@@ -150,6 +151,7 @@ class Batcher:
         self._queued_tokens = 0
         self._virtual_time = 0.0  # the tag of the item the last batch was formed around
         self._finish_tags: dict[str, float] = {}  # per client: where its next item's tag starts
+        self._unanswered: dict[str, int] = {}  # per client: its requests not answered yet (on the event loop)
         self._running: list[_Item] = []  # the batch in the backend now
         # Guards what the inference thread touches when it takes its next batch: the queue, its token count,
         # the fair-queueing tags, _running and each request's ``queued``.
@@ -246,11 +248,20 @@ class Batcher:
         now = self._clock.now()
         loop = asyncio.get_running_loop()
         request = _Request(
-            n=len(rows), deadline=deadline, admitted_at=now, future=loop.create_future(), remaining=len(rows)
+            n=len(rows),
+            deadline=deadline,
+            admitted_at=now,
+            future=loop.create_future(),
+            remaining=len(rows),
+            client=client,
         )
         request.queued = len(rows)
         with self._lock:
-            tag = max(self._virtual_time, self._finish_tags.get(client, 0.0))
+            # A client with requests still unanswered goes on from its last tag; one with none starts at the
+            # virtual time, so a closed-loop client is not held back by the length of the text it sent before.
+            waiting = self._unanswered.get(client, 0)
+            tag = max(self._virtual_time, self._finish_tags.get(client, 0.0)) if waiting else self._virtual_time
+            self._unanswered[client] = waiting + 1
             for i, row in enumerate(rows):
                 bisect.insort(self._queue, _Item(request, i, row, now, tag), key=_tag)
                 tag += len(row)
@@ -365,6 +376,11 @@ class Batcher:
             self._expire(request)
 
     def _request_done(self, request: _Request) -> None:
+        waiting = self._unanswered[request.client] - 1
+        if waiting:
+            self._unanswered[request.client] = waiting
+        else:
+            del self._unanswered[request.client]
         if request.timer is not None:
             request.timer.cancel()
             request.timer = None

@@ -736,3 +736,44 @@ def test_a_short_batch_with_nothing_queued_runs_on_the_event_loop_and_any_other_
     threads.clear()
     asyncio.run(run(inline_batch_tokens=0))
     assert len(threads) == 5 and all(name.startswith("inference") for _, name in threads)
+
+
+def test_a_client_with_nothing_unanswered_is_not_held_back_by_the_length_it_sent_before() -> None:
+    """Fair queueing carries a client's tags on only while it has requests unanswered: a closed-loop client whose
+    long text was answered queues its next one at the virtual time, as a new client would, not a long text's worth
+    of tokens behind (which made the slowest requests several times the median)."""
+    gate = threading.Semaphore(0)
+    order: list[int] = []
+
+    def backend(rows: Sequence[np.ndarray]) -> np.ndarray:
+        if not gate.acquire(timeout=10):
+            raise AssertionError("the test never let this batch run")
+        order.extend(int(r[0]) for r in rows)
+        return np.array([[len(r), r[0]] for r in rows], dtype=np.float32)
+
+    async def run() -> list[int]:
+        batcher = Batcher(backend, BatchPolicy(max_batch_size=1, max_queue_tokens=10_000))
+        batcher.start()
+        held = asyncio.create_task(batcher.submit([row(1, tag=1)], client="z"))
+        await until(lambda: batcher.queued_items == 0, "the first batch in the backend")
+        first = [
+            asyncio.create_task(batcher.submit([row(n, tag=t)], client=c)) for n, t, c in ((60, 2, "a"), (5, 3, "b"))
+        ]
+        await turns()
+        for _ in range(3):
+            gate.release()
+        await asyncio.wait_for(asyncio.gather(held, *first), 10)  # "a" sent 60 tokens and has its answer
+        order.clear()
+        held = asyncio.create_task(batcher.submit([row(1, tag=1)], client="z"))
+        await until(lambda: batcher.queued_items == 0, "the next batch in the backend")
+        later = [
+            asyncio.create_task(batcher.submit([row(5, tag=t)], client=c)) for t, c in ((3, "b"), (2, "a"), (4, "c"))
+        ]
+        await turns()
+        for _ in range(4):
+            gate.release()
+        await asyncio.wait_for(asyncio.gather(held, *later), 10)
+        await batcher.close()
+        return order
+
+    assert asyncio.run(run()) == [1, 3, 2, 4]  # "a" in its arrival place, not behind the newcomer "c"
