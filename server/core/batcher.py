@@ -150,11 +150,12 @@ class Batcher:
         self._queue: list[_Item] = []  # in tag order
         self._queued_tokens = 0
         self._virtual_time = 0.0  # the tag of the item the last batch was formed around
-        self._finish_tags: dict[str, float] = {}  # per client: where its next item's tag starts
-        self._unanswered: dict[str, int] = {}  # per client: its requests not answered yet (on the event loop)
+        # Per client with requests unanswered: how many, and where its next item's tag starts (event loop only).
+        self._unanswered: dict[str, int] = {}
+        self._finish_tags: dict[str, float] = {}
         self._running: list[_Item] = []  # the batch in the backend now
         # Guards what the inference thread touches when it takes its next batch: the queue, its token count,
-        # the fair-queueing tags, _running and each request's ``queued``.
+        # the virtual time, _running and each request's ``queued``.
         self._lock = threading.Lock()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -260,7 +261,7 @@ class Batcher:
             # A client with requests still unanswered goes on from its last tag; one with none starts at the
             # virtual time, so a closed-loop client is not held back by the length of the text it sent before.
             waiting = self._unanswered.get(client, 0)
-            tag = max(self._virtual_time, self._finish_tags.get(client, 0.0)) if waiting else self._virtual_time
+            tag = max(self._virtual_time, self._finish_tags[client]) if waiting else self._virtual_time
             self._unanswered[client] = waiting + 1
             for i, row in enumerate(rows):
                 bisect.insort(self._queue, _Item(request, i, row, now, tag), key=_tag)
@@ -379,8 +380,8 @@ class Batcher:
         waiting = self._unanswered[request.client] - 1
         if waiting:
             self._unanswered[request.client] = waiting
-        else:
-            del self._unanswered[request.client]
+        else:  # the client's next request starts at the virtual time: nothing of it to keep
+            del self._unanswered[request.client], self._finish_tags[request.client]
         if request.timer is not None:
             request.timer.cancel()
             request.timer = None
@@ -466,8 +467,6 @@ class Batcher:
             self._running = []
             return [], removed
         self._virtual_time = max(self._virtual_time, self._queue[0].tag)
-        # A client whose tags are all behind the virtual time starts from it anyway: forget it.
-        self._finish_tags = {c: t for c, t in self._finish_tags.items() if t > self._virtual_time}
         p = self.policy
         if p.length_sorted:
             batch, self._queue, real = take_sorted(

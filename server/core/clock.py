@@ -19,8 +19,7 @@ class Timer(Protocol):
 class Clock:
     """Monotonic seconds, and waits on the running event loop's own timers."""
 
-    def now(self) -> float:
-        return time.monotonic()
+    now = staticmethod(time.monotonic)  # read several times a request: no Python frame around it
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

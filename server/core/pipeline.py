@@ -87,7 +87,7 @@ class Pipeline:
         tokenizer: TextTokenizer,
         batcher: Batcher,
         limits: Limits,
-        metrics: PipelineObserver,
+        observer: PipelineObserver,
         tokenizer_threads: int,
         dim: int,
     ) -> None:
@@ -95,7 +95,7 @@ class Pipeline:
         self.tokenizer = tokenizer
         self.batcher = batcher
         self.limits = limits
-        self.observer = metrics
+        self.observer = observer
         self._tokenize_pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="tokenize")
 
     async def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[Token]]:
